@@ -1,0 +1,156 @@
+"""Routed-experts payloads: the ``nrlre1`` envelope, the legacy nested list, span classes.
+
+Gym section 6. Decoded values are numpy arrays ``[tokens, layers, topk]``, not nested lists.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from dataclasses import dataclass
+
+import numpy as np
+
+from .constants import MISSING_ROUTE_SENTINEL, ROUTE_DTYPES, ROUTED_EXPERTS_MAGIC
+
+__all__ = [
+    "RoutedExpertsFragment", "encode_routed_experts", "decode_routed_experts",
+    "routed_experts_token_count", "classify_route_span", "MISSING_ROUTE_SENTINEL",
+]
+
+_NUMPY_DTYPES = {"int8": np.dtype("<i1"), "int16": np.dtype("<i2"), "int32": np.dtype("<i4")}
+# A route tensor larger than this is not a plausible model call (2^31 values ~ 8 GiB as int32).
+MAX_ROUTE_VALUES = 1 << 31
+
+
+@dataclass(frozen=True, eq=False)
+class RoutedExpertsFragment:
+    values: np.ndarray  # [tokens, layers, topk]
+    dtype: str          # "int8" | "int16" | "int32" | "legacy-int"
+    num_layers: int
+    topk: int
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.values.shape[0])
+
+
+def _check_dtype(dtype) -> np.dtype:
+    if dtype not in _NUMPY_DTYPES:
+        raise ValueError(f"unsupported routed_experts dtype {dtype!r}")
+    return _NUMPY_DTYPES[dtype]
+
+
+def encode_routed_experts(values, dtype: str = "int16") -> str:
+    """``"nrlre1:<dtype>:<T>x<L>x<K>:<base64 little-endian signed values>"``."""
+    np_dtype = _check_dtype(dtype)
+    array = _as_route_array(values)
+    info = np.iinfo(np_dtype)
+    if array.size and (int(array.min()) < info.min or int(array.max()) > info.max):
+        raise ValueError(f"routed_experts values do not fit dtype {dtype!r}")
+    raw = np.ascontiguousarray(array, dtype=np_dtype).tobytes()
+    t, l, k = array.shape
+    return f"{ROUTED_EXPERTS_MAGIC}:{dtype}:{t}x{l}x{k}:{base64.b64encode(raw).decode('ascii')}"
+
+
+def _as_route_array(values) -> np.ndarray:
+    if isinstance(values, np.ndarray):
+        if values.ndim != 3 or values.dtype.kind not in "iu" or 0 in values.shape:
+            raise ValueError("routed_experts must be a non-empty [tokens, layers, topk] integer array")
+        return values
+    return _legacy_values(values)
+
+
+def _legacy_values(payload) -> np.ndarray:
+    """Validate a legacy nested list (Gym's rules and messages) and pack it."""
+    if type(payload) is not list:
+        raise ValueError("legacy routed_experts must be a nested list")
+    if not payload:
+        raise ValueError("routed_experts must contain at least one token row")
+    layers = topk = None
+    for row in payload:
+        if type(row) is not list or not row:
+            raise ValueError("each routed_experts token row must contain layers")
+        if layers is None:
+            layers = len(row)
+        elif len(row) != layers:
+            raise ValueError("routed_experts layer count must be constant")
+        for layer in row:
+            if type(layer) is not list or not layer:
+                raise ValueError("each routed_experts layer row must contain experts")
+            if topk is None:
+                topk = len(layer)
+            elif len(layer) != topk:
+                raise ValueError("routed_experts top-k width must be constant")
+            for value in layer:
+                if type(value) is not int:
+                    raise ValueError("routed_experts values must be exact integers")
+    try:
+        return np.array(payload, dtype=np.int64)
+    except OverflowError:
+        raise ValueError("routed_experts values do not fit a signed 64-bit integer") from None
+
+
+def decode_routed_experts(payload) -> RoutedExpertsFragment:
+    if not isinstance(payload, str):
+        values = _legacy_values(payload)
+        return RoutedExpertsFragment(values, "legacy-int", values.shape[1], values.shape[2])
+    dtype, (t, l, k), body = _parse_header(payload)
+    np_dtype = _NUMPY_DTYPES[dtype]
+    want = t * l * k * np_dtype.itemsize
+    if len(body) > 4 * ((want + 2) // 3) + 4:  # cheap bound before decoding untrusted base64
+        raise ValueError(
+            f"routed_experts byte length does not match its declared shape ({len(body) * 3 // 4} != {want})")
+    try:
+        raw = base64.b64decode(body, validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError("routed_experts envelope contains invalid base64") from None
+    if len(raw) != want:
+        raise ValueError(f"routed_experts byte length does not match its declared shape ({len(raw)} != {want})")
+    values = np.frombuffer(raw, dtype=np_dtype).reshape(t, l, k)
+    return RoutedExpertsFragment(values, dtype, l, k)
+
+
+def _parse_header(payload: str):
+    parts = payload.split(":", 3)
+    if len(parts) != 4 or parts[0] != ROUTED_EXPERTS_MAGIC:
+        raise ValueError("unsupported routed_experts envelope; expected nrlre1")
+    _check_dtype(parts[1])
+    dims = parts[2].split("x")
+    if len(dims) != 3:
+        raise ValueError("routed_experts envelope shape must have three dimensions")
+    try:
+        # Python int() semantics on purpose (Gym accepts spaces, '+' and '_'); cap the text
+        # length so a hostile header cannot make int() do quadratic work.
+        if any(len(d) > 32 for d in dims):
+            raise ValueError
+        shape = tuple(int(d) for d in dims)
+    except ValueError:
+        raise ValueError("routed_experts envelope shape must contain integers") from None
+    if any(d <= 0 for d in shape):
+        raise ValueError("routed_experts envelope dimensions must be positive")
+    if shape[0] * shape[1] * shape[2] > MAX_ROUTE_VALUES:
+        raise ValueError("routed_experts envelope declares more values than any model call holds")
+    return parts[1], shape, parts[3]
+
+
+def routed_experts_token_count(payload) -> int:
+    """Number of token rows without decoding the body (header only for an envelope)."""
+    if isinstance(payload, str):
+        _, (t, _l, _k), _ = _parse_header(payload)
+        return t
+    if type(payload) is list:
+        return len(payload)
+    raise ValueError("legacy routed_experts must be a non-empty nested list")
+
+
+def classify_route_span(*, carry_len, generation_len, staged_route_len) -> str:
+    for name, value in (("carry_len", carry_len), ("generation_len", generation_len),
+                        ("staged_route_len", staged_route_len)):
+        if type(value) is not int or value < 0:
+            raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+    if staged_route_len > 0 and staged_route_len == carry_len + generation_len:
+        return "full"
+    if staged_route_len > 0 and 0 < generation_len <= staged_route_len:
+        return "tail"
+    return "sentinel"

@@ -1,0 +1,254 @@
+"""``verify_and_linearize``: Gym's receipt verifier (section 4), phases and check order exact.
+
+Hot path: every row's call digest is recomputed from packed columns; the big-endian token image
+of each row is computed once and reused for its call digest, chain hash and the cumulative hash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+
+from . import encoding as enc
+from .constants import (
+    COMPARED_FIELDS,
+    EXTRAS_DIGEST_VERSION,
+    PREFIX_HASH_DOMAIN,
+    STAGING_DIGEST_VERSION,
+    STAGING_SCHEMA_VERSION,
+    VERSION_FIELDS,
+    Code,
+)
+from .digests import chain_hash_of_image, check_staging_preconditions, staging_digest_from_image
+from .errors import RebuildError, ReceiptVerificationError
+from .linearized import ExtrasCommitment, LinearizedRow, WeightVersionSpan
+from .packed import PackedRows
+from .records import RolloutReceipt, StagedCallBaseSnapshot
+
+E = ReceiptVerificationError
+R = RebuildError
+
+
+def verify_and_linearize(receipt, snapshots) -> LinearizedRow:
+    """Verify ``receipt`` against ``snapshots`` (one per manifest row, in manifest order) and
+    return the linearized terminal chain. Raises ReceiptVerificationError / RebuildError."""
+    _gate(receipt)
+    manifest = receipt.manifest
+    snapshots = list(snapshots)
+    images, packed = _bind_rows(receipt, manifest, snapshots)
+    by_id = {record.model_call_id: i for i, record in enumerate(manifest)}
+    _check_graph(manifest, by_id)
+    return _linearize(receipt, manifest, snapshots, by_id, images, packed)
+
+
+def _gate(receipt) -> None:
+    if not isinstance(receipt, RolloutReceipt):
+        raise TypeError("receipt must be a RolloutReceipt")
+    if receipt.schema_version != STAGING_SCHEMA_VERSION:
+        raise E(Code.UNSUPPORTED_SCHEMA, f"receipt schema {receipt.schema_version}")
+    if receipt.digest_version != STAGING_DIGEST_VERSION:
+        raise E(Code.UNSUPPORTED_DIGEST, f"receipt digest {receipt.digest_version}")
+    if receipt.extras_digest_version != EXTRAS_DIGEST_VERSION:
+        raise E(Code.UNSUPPORTED_EXTRAS_DIGEST, f"receipt extras digest {receipt.extras_digest_version}")
+    if receipt.failure_reason is not None:
+        raise E(Code.ROLLOUT_FAILED, receipt.failure_reason)
+    if receipt.capture_poisoned:
+        raise E(Code.CAPTURE_POISONED, "receipt marks token capture as poisoned")
+    if not receipt.manifest:
+        raise E(Code.EMPTY_MANIFEST, "successful receipt has no committed calls")
+
+
+def _bind_rows(receipt, manifest, snapshots):
+    """Phase B: unique ids and keys, one snapshot per row in order, fields equal, digests
+    recomputed. Returns each row's big-endian token image and the packed columns (or None)."""
+    ids: set[str] = set()
+    keys: set[str] = set()
+    for record in manifest:
+        if record.model_call_id in ids:
+            raise E(Code.DUPLICATE_MANIFEST_ROW, "model_call_id values are not unique")
+        ids.add(record.model_call_id)
+        if record.staging_key in keys:
+            raise E(Code.DUPLICATE_STAGING_KEY, "staging keys are not unique")
+        keys.add(record.staging_key)
+    if len(snapshots) != len(manifest):
+        raise E(Code.ROW_COUNT_MISMATCH, f"{len(snapshots)} snapshots for {len(manifest)} manifest rows")
+    packed = None  # a non-snapshot is reported in row order below
+    if all(isinstance(s, StagedCallBaseSnapshot) for s in snapshots):
+        packed = PackedRows.try_pack(snapshots)
+    seen: set[str] = set()
+    images = []
+    for i, (record, snapshot) in enumerate(zip(manifest, snapshots)):
+        if not isinstance(snapshot, StagedCallBaseSnapshot):
+            raise TypeError("snapshots must contain StagedCallBaseSnapshot values")
+        call_id = snapshot.model_call_id
+        if call_id in seen:
+            raise E(Code.DUPLICATE_SNAPSHOT, "model_call_id values are not unique")
+        seen.add(call_id)
+        if call_id not in ids:
+            raise E(Code.SNAPSHOT_IDENTITY_MISMATCH, f"snapshot {call_id} is not in the manifest")
+        if call_id != record.model_call_id:
+            raise E(Code.SNAPSHOT_ORDER_MISMATCH, f"key {record.staging_key} expected "
+                    f"{record.model_call_id}, received {call_id}")
+        if snapshot.rollout_id != receipt.rollout_id:
+            raise E(Code.WRONG_ROLLOUT, f"snapshot {record.model_call_id} belongs to {snapshot.rollout_id}")
+        _compare_fields(receipt, record, snapshot)
+        images.append(_recompute_digest(record, snapshot, packed, i))
+    return images, packed
+
+
+def _compare_fields(receipt, record, snapshot) -> None:
+    call_id = record.model_call_id
+    for name in COMPARED_FIELDS:
+        actual, expected = getattr(snapshot, name), getattr(record, name)
+        if actual != expected:
+            raise E(f"wrong_{name}", f"call {call_id}: snapshot {actual!r}, manifest {expected!r}")
+    for name in VERSION_FIELDS:
+        s, m, r = getattr(snapshot, name), getattr(record, name), getattr(receipt, name)
+        if s != m or s != r:
+            raise E(f"wrong_{name}", f"call {call_id}: snapshot={s}, manifest={m}, receipt={r}")
+
+
+def _recompute_digest(record, s, packed, i):
+    call_id = record.model_call_id
+    if packed is not None:
+        rows = packed.row(i)
+        images = (lambda: packed.token_be[rows], lambda: packed.mask_f32[rows],
+                  lambda: packed.lp_f32[rows])
+    else:
+        images = (lambda: enc.token_image(s.token_ids_delta),
+                  lambda: enc.f32_image(s.token_mask_delta, "token_mask_delta"),
+                  lambda: enc.f32_image(s.generation_log_probs_delta, "generation_log_probs_delta"))
+    token_image = None
+
+    def keep_token_image():
+        nonlocal token_image
+        token_image = images[0]()
+        return token_image
+
+    try:
+        check_staging_preconditions(
+            schema_version=s.schema_version, digest_version=s.digest_version,
+            extras_digest_version=s.extras_digest_version, rollout_id=s.rollout_id,
+            model_call_id=s.model_call_id, parent_call_id=s.parent_call_id, mode=s.mode,
+            prev_len=s.prev_len, delta_len=s.delta_len, cum_len=s.cum_len,
+            token_ids_delta=s.token_ids_delta, token_mask_delta=s.token_mask_delta,
+            generation_log_probs_delta=s.generation_log_probs_delta, extras_digest=s.extras_digest,
+            columns_checked=packed is not None)
+        digest = staging_digest_from_image(
+            rollout_id=s.rollout_id, model_call_id=s.model_call_id, parent_call_id=s.parent_call_id,
+            mode=s.mode, prev_len=s.prev_len, delta_len=s.delta_len, cum_len=s.cum_len,
+            weight_version=s.weight_version, token_image=keep_token_image,
+            mask_image=images[1], logprob_image=images[2], extras_digest=s.extras_digest,
+            chain_hash=s.chain_hash, cumulative_hash=s.cumulative_hash)
+    except (TypeError, ValueError, OverflowError) as error:
+        raise E(Code.INVALID_SNAPSHOT, f"call {call_id}: {error}") from None
+    if digest != s.digest:
+        raise E(Code.CORRUPT_DIGEST, f"call {call_id}: staged digest mismatch")
+    return token_image
+
+
+def _check_graph(manifest, by_id) -> None:
+    """Phase C, step 9: parents exist, lengths join, no cycles (memoized ancestry walks)."""
+    acyclic: set[str] = set()
+    for record in manifest:
+        call_id, parent = record.model_call_id, record.parent_call_id
+        if parent is not None:
+            if parent not in by_id:
+                raise R(Code.MISSING_PARENT, f"call {call_id} names absent parent {parent}")
+            parent_cum = manifest[by_id[parent]].cum_len
+            if parent_cum != record.prev_len:
+                raise R(Code.PARENT_LENGTH_MISMATCH,
+                        f"call {call_id} starts at {record.prev_len}, parent ends at {parent_cum}")
+        walked: list[str] = []
+        on_path: set[str] = set()
+        node = call_id
+        while node is not None and node in by_id and node not in acyclic:
+            if node in on_path:
+                raise R(Code.LINEAGE_CYCLE, f"cycle reaches call {node}")
+            on_path.add(node)
+            walked.append(node)
+            node = manifest[by_id[node]].parent_call_id
+        acyclic.update(walked)
+
+
+def _linearize(receipt, manifest, snapshots, by_id, images, packed) -> LinearizedRow:
+    terminal = receipt.terminal_model_call_id
+    if terminal is None:
+        raise R(Code.MISSING_TERMINAL, "successful receipt has no terminal call")
+    if terminal not in by_id:
+        raise R(Code.MISSING_TERMINAL, f"terminal call {terminal} is absent")
+    chain = []
+    node = terminal
+    while node is not None:
+        chain.append(by_id[node])
+        node = manifest[by_id[node]].parent_call_id
+    chain.reverse()
+
+    call_ids, versions, wv_spans, links = [], [], [], []
+    running = None
+    prompt_len = 0
+    start = 0
+    for position, row in enumerate(chain):
+        record = manifest[row]
+        marker = b"\x00" if running is None else b"\x01" + bytes.fromhex(running)
+        running = chain_hash_of_image(marker, images[row])
+        if record.chain_hash != running:
+            raise R(Code.CHAIN_HASH_MISMATCH, f"call {record.model_call_id} does not extend its "
+                    "parent's staged chain")
+        carry, order_ok, n = _mask_shape(snapshots[row], packed, row)
+        if not order_ok:
+            raise R(Code.INVALID_MASK_ORDER, f"call {record.model_call_id} mask is not carry-then-generation")
+        if carry == n:
+            raise R(Code.EMPTY_GENERATION, f"call {record.model_call_id} contains no policy-generated token")
+        if position == 0:
+            prompt_len = carry
+        call_ids.append(record.model_call_id)
+        versions.append(record.weight_version)
+        wv_spans.append(WeightVersionSpan(record.model_call_id, start, start + n, record.weight_version))
+        links.append((record.model_call_id, carry, n - carry))
+        start += n
+
+    token_ids, token_mask, logprobs = _gather(chain, snapshots, packed)
+    if not token_mask.any():
+        raise R(Code.EMPTY_TRAINING_ROW, "terminal chain has no generated tokens")
+    h = hashlib.sha256(PREFIX_HASH_DOMAIN)
+    h.update(enc.u64(start))
+    for row in chain:
+        h.update(images[row])
+    last = manifest[chain[-1]]
+    if last.cumulative_hash != h.hexdigest():
+        raise R(Code.CUMULATIVE_HASH_MISMATCH, f"terminal call {last.model_call_id} cumulative hash "
+                "does not cover the linearized tokens")
+    commitments = [ExtrasCommitment(manifest[row].model_call_id, manifest[row].extras_digest_version,
+                                    manifest[row].extras_digest) for row in chain]
+    return LinearizedRow(
+        rollout_id=receipt.rollout_id, token_ids=token_ids, token_mask=token_mask,
+        logprobs=logprobs, model_call_ids=call_ids, prompt_len=prompt_len,
+        weight_versions=versions, weight_version_spans=wv_spans, link_spans=links,
+        extras_commitments=commitments)
+
+
+def _mask_shape(snapshot, packed, row) -> tuple[int, bool, int]:
+    """(carry length, mask is carry-then-generation, delta length) of one row."""
+    if packed is not None:
+        return packed.carry[row], packed.order_ok[row], int(packed.offsets[row + 1] - packed.offsets[row])
+    mask = np.asarray(snapshot.token_mask_delta, dtype=np.float64)
+    generated = mask != 0.0
+    n = len(mask)
+    carry = int(np.argmax(generated)) if generated.any() else n
+    return carry, bool((mask[carry:] == 1.0).all()), n
+
+
+def _gather(chain, snapshots, packed):
+    """The chain's token ids, masks and log-probs, concatenated root first."""
+    if packed is not None:
+        if chain == list(range(len(snapshots))):
+            return packed.tokens, packed.masks, packed.logprobs
+        index = np.concatenate([np.arange(packed.offsets[r], packed.offsets[r + 1]) for r in chain])
+        return packed.tokens[index], packed.masks[index], packed.logprobs[index]
+    ids = np.concatenate([np.asarray(snapshots[r].token_ids_delta, dtype=np.uint64) for r in chain])
+    masks = np.concatenate([np.asarray(snapshots[r].token_mask_delta, dtype=np.float64) for r in chain])
+    lps = np.concatenate([np.asarray(snapshots[r].generation_log_probs_delta, dtype=np.float64)
+                          for r in chain])
+    return ids, masks, lps
