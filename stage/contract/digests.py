@@ -22,6 +22,9 @@ from .constants import (
 )
 
 _I64 = struct.Struct(">q")
+_TWO_U64 = struct.Struct(">QQ")
+_FOUR_U64 = struct.Struct(">QQQQ")
+_VERSIONS = bytes((STAGING_SCHEMA_VERSION, STAGING_DIGEST_VERSION, EXTRAS_DIGEST_VERSION))
 _F64 = struct.Struct(">d")
 _I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
 
@@ -189,22 +192,26 @@ def staging_digest_from_image(*, rollout_id, model_call_id, parent_call_id, mode
     verifier can pass images it already computed (and reuse the token image for the chain and
     cumulative hashes).
     """
-    h = hashlib.sha256(CALL_DIGEST_DOMAIN)
-    h.update(bytes((STAGING_SCHEMA_VERSION, STAGING_DIGEST_VERSION, EXTRAS_DIGEST_VERSION)))
-    h.update(enc.text(rollout_id) + enc.text(model_call_id) + enc.opt_text(parent_call_id)
-             + enc.text(mode) + enc.uint(prev_len, "prev_len") + enc.uint(delta_len, "delta_len")
-             + enc.uint(cum_len, "cum_len") + enc.uint(weight_version, "weight_version"))
+    lengths = (prev_len, delta_len, cum_len, weight_version)
+    if all(type(v) is int and 0 <= v <= enc.U64_MAX for v in lengths):
+        numbers = _FOUR_U64.pack(*lengths)
+    else:  # reports the first bad field by name, in payload order
+        numbers = (enc.uint(prev_len, "prev_len") + enc.uint(delta_len, "delta_len")
+                   + enc.uint(cum_len, "cum_len") + enc.uint(weight_version, "weight_version"))
+    head = b"".join((_VERSIONS, enc.text(rollout_id), enc.text(model_call_id),
+                     enc.opt_text(parent_call_id), enc.text(mode), numbers))
     image = token_image()
     n = len(image)
-    h.update(enc.u64(8 + 8 * n) + enc.u64(n))
+    h = hashlib.sha256(CALL_DIGEST_DOMAIN)
+    h.update(head + _TWO_U64.pack(8 + 8 * n, n))
     h.update(image)
     mask = mask_image()
-    h.update(enc.u64(8 + 4 * len(mask)) + enc.u64(len(mask)))
+    h.update(_TWO_U64.pack(8 + 4 * len(mask), len(mask)))
     h.update(mask)
     lps = logprob_image()
-    h.update(enc.u64(8 + 4 * len(lps)) + enc.u64(len(lps)))
+    h.update(_TWO_U64.pack(8 + 4 * len(lps), len(lps)))
     h.update(lps)
-    h.update(enc.digest32(extras_digest, "extras_digest"))
-    h.update(b"\x01" + enc.digest32(chain_hash, "chain_hash"))
-    h.update(b"\x01" + enc.digest32(cumulative_hash, "cumulative_hash"))
+    h.update(enc.digest32(extras_digest, "extras_digest")
+             + b"\x01" + enc.digest32(chain_hash, "chain_hash")
+             + b"\x01" + enc.digest32(cumulative_hash, "cumulative_hash"))
     return h.hexdigest()

@@ -7,6 +7,7 @@ consume without another copy.
 
 from __future__ import annotations
 
+import re
 import struct
 
 import numpy as np
@@ -45,11 +46,12 @@ def digest32(value, field: str) -> bytes:
     return bytes.fromhex(value)
 
 
-_HEX = frozenset("0123456789abcdef")
+_DIGEST_HEX = re.compile(r"[0-9a-f]{64}")
 
 
 def is_digest_hex(value) -> bool:
-    return type(value) is str and len(value) == 64 and _HEX.issuperset(value)
+    # fullmatch, not match + "$": a trailing newline must not pass (Gym's Rust regex rejects it)
+    return type(value) is str and _DIGEST_HEX.fullmatch(value) is not None
 
 
 def token_image(ids, field: str = "token_id"):

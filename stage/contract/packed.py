@@ -13,6 +13,9 @@ import numpy as np
 
 _BE_U64 = np.dtype(">u8")
 _BE_F32 = np.dtype(">f4")
+_U64 = np.dtype(np.uint64)
+_F64 = np.dtype(np.float64)
+_NDARRAY = np.ndarray
 
 
 class PackedRows:
@@ -24,9 +27,9 @@ class PackedRows:
         ids, masks, lps, lengths = [], [], [], []
         for s in snapshots:
             t, m, lp = s.token_ids_delta, s.token_mask_delta, s.generation_log_probs_delta
-            if not (isinstance(t, np.ndarray) and isinstance(m, np.ndarray) and isinstance(lp, np.ndarray)):
+            if not (type(t) is _NDARRAY and type(m) is _NDARRAY and type(lp) is _NDARRAY):
                 return None
-            if t.dtype != np.uint64 or m.dtype != np.float64 or lp.dtype != np.float64:
+            if t.dtype != _U64 or m.dtype != _F64 or lp.dtype != _F64:
                 return None
             n = len(t)
             if n == 0 or len(m) != n or len(lp) != n or t.ndim != 1 or m.ndim != 1 or lp.ndim != 1:
@@ -44,16 +47,15 @@ class PackedRows:
         self.masks = np.concatenate(masks)
         self.logprobs = np.concatenate(lps)
         generated = self.masks == 1.0
-        if not (generated | (self.masks == 0.0)).all():
+        carried = self.masks == 0.0
+        if not (generated | carried).all():
             return None  # a mask outside {0.0, 1.0}
-        if (~generated & (self.logprobs != 0.0)).any():
+        if (carried & (self.logprobs != 0.0)).any():
             return None  # a carried position with a log-prob
-        if not np.isfinite(self.logprobs).all():
-            return None
-        with np.errstate(over="ignore"):
+        with np.errstate(over="ignore", invalid="ignore"):
             self.lp_f32 = self.logprobs.astype(_BE_F32)
         if not np.isfinite(self.lp_f32).all():
-            return None  # rounds to +-inf in float32
+            return None  # NaN/inf, or a double that rounds to +-inf in float32
         self.mask_f32 = self.masks.astype(_BE_F32)
         self.token_be = self.tokens.astype(_BE_U64)
         self._mask_shape(generated)
@@ -64,8 +66,9 @@ class PackedRows:
         starts = self.offsets[:-1]
         lengths = np.diff(self.offsets)
         ones = np.add.reduceat(generated.astype(np.int64), starts)
-        drops = np.flatnonzero(generated[:-1] & ~generated[1:]) + 1  # 1 followed by 0
-        drops = drops[~np.isin(drops, starts)]                      # row boundaries are fine
+        continues = np.ones(len(generated), dtype=bool)
+        continues[starts] = False  # a 1 -> 0 step across a row boundary is fine
+        drops = np.flatnonzero(generated[:-1] & ~generated[1:] & continues[1:]) + 1
         order_ok = np.ones(len(lengths), dtype=bool)
         order_ok[np.searchsorted(self.offsets, drops, side="right") - 1] = False
         self.order_ok = order_ok.tolist()

@@ -7,6 +7,7 @@ of each row is computed once and reused for its call digest, chain hash and the 
 from __future__ import annotations
 
 import hashlib
+import operator
 
 import numpy as np
 
@@ -97,7 +98,16 @@ def _bind_rows(receipt, manifest, snapshots):
     return images, packed
 
 
+_COMPARED = operator.attrgetter(*COMPARED_FIELDS)
+
+
 def _compare_fields(receipt, record, snapshot) -> None:
+    if _COMPARED(snapshot) == _COMPARED(record) and (
+            snapshot.schema_version == record.schema_version == receipt.schema_version
+            and snapshot.digest_version == record.digest_version == receipt.digest_version
+            and snapshot.extras_digest_version == record.extras_digest_version
+            == receipt.extras_digest_version):
+        return  # the common case, checked in two C calls; the loop below names the field
     call_id = record.model_call_id
     for name in COMPARED_FIELDS:
         actual, expected = getattr(snapshot, name), getattr(record, name)
@@ -245,8 +255,14 @@ def _gather(chain, snapshots, packed):
     if packed is not None:
         if chain == list(range(len(snapshots))):
             return packed.tokens, packed.masks, packed.logprobs
-        index = np.concatenate([np.arange(packed.offsets[r], packed.offsets[r + 1]) for r in chain])
-        return packed.tokens[index], packed.masks[index], packed.logprobs[index]
+        if all(a < b for a, b in zip(chain, chain[1:])):  # chain in manifest order: one mask
+            on_chain = np.zeros(len(snapshots), dtype=bool)
+            on_chain[chain] = True
+            keep = np.repeat(on_chain, np.diff(packed.offsets))
+            return packed.tokens[keep], packed.masks[keep], packed.logprobs[keep]
+        parts = [packed.row(r) for r in chain]
+        return tuple(np.concatenate([column[p] for p in parts])
+                     for column in (packed.tokens, packed.masks, packed.logprobs))
     ids = np.concatenate([np.asarray(snapshots[r].token_ids_delta, dtype=np.uint64) for r in chain])
     masks = np.concatenate([np.asarray(snapshots[r].token_mask_delta, dtype=np.float64) for r in chain])
     lps = np.concatenate([np.asarray(snapshots[r].generation_log_probs_delta, dtype=np.float64)

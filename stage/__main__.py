@@ -1,0 +1,5 @@
+import sys
+
+from stage.cli import main
+
+sys.exit(main())

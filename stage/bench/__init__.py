@@ -1,0 +1,1 @@
+"""Benchmarks that print figures (ratios measured side by side in one run)."""

@@ -1,0 +1,24 @@
+"""Small timing helpers shared by the benchmarks."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+
+def time_per_call(fn, *, min_seconds: float = 0.5, rounds: int = 5) -> dict:
+    """Median and best seconds per call of ``fn`` over ``rounds`` rounds of >= min_seconds/rounds."""
+    fn()  # warm-up
+    per_round = max(min_seconds / rounds, 0.01)
+    samples = []
+    for _ in range(rounds):
+        n = 0
+        start = time.perf_counter()
+        while True:
+            fn()
+            n += 1
+            elapsed = time.perf_counter() - start
+            if elapsed >= per_round:
+                break
+        samples.append(elapsed / n)
+    return {"median_s": statistics.median(samples), "best_s": min(samples), "rounds": rounds}

@@ -1,0 +1,35 @@
+"""Command line: ``rollout-reassembler`` (also ``python -m stage``)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rollout-reassembler",
+        description="Verify staged RL rollouts and publish canonical training rows.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    bench = commands.add_parser("bench", help="run a benchmark and print its figures")
+    which = bench.add_subparsers(dest="bench", required=True)
+    verify = which.add_parser("verify", help="verify_and_linearize throughput vs SHA-256 bound")
+    verify.add_argument("--json", action="store_true", help="print the report as JSON")
+    verify.add_argument("--seconds", type=float, default=2.0,
+                        help="measuring time per case (default 2.0)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    from stage.tuning import tune_malloc
+    tune_malloc()
+    if args.command == "bench" and args.bench == "verify":
+        from stage.bench.verify import run
+        report = run(as_json=args.json, min_seconds=args.seconds)
+        return 0 if report["meets_target"] else 1
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
