@@ -1,0 +1,239 @@
+"""Shared route-plan executor (spec §3.6, §3.7, §3.9).
+
+The executor never decides policy: it returns ``(tensor, None)`` or ``(None, reason)``.
+Direct mode turns a reason into ``route_assembly:<reason>`` before publication; deferred
+mode turns it into an all-sentinel row plus a counted fallback.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from stage.contract import classify_route_span
+from stage.routes.constants import (
+    METRIC_ROUTED_EXPERTS_ROW_COVERAGE,
+    METRIC_ROUTED_EXPERTS_SENTINEL_TOKEN_FRACTION,
+    ROUTE_FAILURE_ASSEMBLED_LENGTH,
+    ROUTE_FAILURE_BOUNDARY,
+    ROUTE_FAILURE_CANONICAL_LENGTH,
+    ROUTE_FAILURE_INTEGRITY,
+    ROUTE_FAILURE_LENGTH,
+    ROUTE_FAILURE_MISSING_FRAGMENT,
+    ROUTE_FAILURE_MODEL_SHAPE,
+    ROUTE_FAILURE_RANK,
+    ROUTE_MISSING_SENTINEL,
+    ROUTE_SPAN_FULL,
+    ROUTE_SPAN_SENTINEL,
+    UNKNOWN_ROUTE_DIMS_MESSAGE,
+)
+from stage.routes.device import resolve_device
+from stage.routes.fragment import (
+    RouteFragment,
+    metadata_boundary_index,
+    parse_extras_metadata,
+    verify_route_fragment_integrity,
+)
+from stage.routes.plan import RouteAssemblyPlan
+
+ROUTED_EXPERTS_FALLBACK_DTYPE = torch.int16  # output dtype whatever was staged
+RouteResult = tuple[torch.Tensor | None, str | None]
+DeviceSpec = str | torch.device | None
+
+
+def execute_route_plan(
+    plan: RouteAssemblyPlan,
+    fragments: Mapping[str, RouteFragment],
+    *,
+    dims: tuple[int, int],
+    canonical_len: int,
+    device: DeviceSpec = "cpu",
+) -> RouteResult:
+    """Assemble ``[canonical_len, L, K]`` int16 routes (−1 where nothing contributed)."""
+    if canonical_len != plan.expected_token_length:
+        return None, ROUTE_FAILURE_CANONICAL_LENGTH
+    layers, topk = dims
+    target = resolve_device(device)
+    out = torch.full(
+        (canonical_len, layers, topk),
+        ROUTE_MISSING_SENTINEL,
+        dtype=ROUTED_EXPERTS_FALLBACK_DTYPE,
+        device=target,
+    )
+    position = 0
+    for span in plan.spans:
+        contribution = span.carry_len + span.generation_len
+        mode = classify_route_span(
+            carry_len=span.carry_len,
+            generation_len=span.generation_len,
+            staged_route_len=span.staged_route_len,
+        )
+        if mode != ROUTE_SPAN_SENTINEL:
+            if position + contribution > canonical_len:
+                # Only an unvalidated plan gets here; report it instead of a torch IndexError.
+                return None, ROUTE_FAILURE_ASSEMBLED_LENGTH
+            fragment = fragments.get(span.staging_key)
+            if fragment is None:
+                return None, ROUTE_FAILURE_MISSING_FRAGMENT
+            # Integrity before shape: an untrusted tensor's shape is not worth diagnosing.
+            if not verify_route_fragment_integrity(span, fragment):
+                return None, ROUTE_FAILURE_INTEGRITY
+            routes = fragment.routes
+            if routes.dim() != 3:
+                return None, ROUTE_FAILURE_RANK
+            if routes.shape[0] != span.staged_route_len:
+                return None, ROUTE_FAILURE_LENGTH
+            if tuple(routes.shape[1:]) != (layers, topk):
+                return None, ROUTE_FAILURE_MODEL_SHAPE
+            boundary = fragment.boundary_routes
+            # Integrity passed, so the metadata parses and any index in it is well formed.
+            staged_index = metadata_boundary_index(
+                parse_extras_metadata(fragment.extras_metadata_json)
+            )
+            if staged_index != span.boundary_token_index:
+                return None, ROUTE_FAILURE_BOUNDARY
+            if boundary is not None and tuple(boundary.shape) != (1, layers, topk):
+                return None, ROUTE_FAILURE_BOUNDARY
+
+            rows = routes.to(device=target, dtype=ROUTED_EXPERTS_FALLBACK_DTYPE)
+            if mode == ROUTE_SPAN_FULL:
+                out[position : position + contribution] = rows
+            else:  # tail: generated suffix only; carry positions stay sentinel
+                gen = span.generation_len
+                out[position + span.carry_len : position + contribution] = rows[-gen:]
+
+            if span.repair_previous_token:
+                if (
+                    boundary is None
+                    or position <= 0
+                    or span.boundary_token_index != position - 1
+                ):
+                    return None, ROUTE_FAILURE_BOUNDARY
+                # The parent's last sampled token was never routed by its own call;
+                # the child's prefill routed it, so that route replaces the placeholder.
+                out[position - 1] = boundary[0].to(
+                    device=target, dtype=ROUTED_EXPERTS_FALLBACK_DTYPE
+                )
+        position += contribution
+    if plan.spans and position != canonical_len:
+        return None, ROUTE_FAILURE_ASSEMBLED_LENGTH
+    return out, None
+
+
+@dataclass
+class RouteDimsCache:
+    """Model ``(num_moe_layers, topk)`` learned from staged data in direct mode.
+
+    The finalizer has no model in-process, so it learns dims from fragments and keeps them
+    across rollouts and groups (placeholder-only groups still need a shaped tensor).
+    """
+
+    dims: tuple[int, int] | None = None
+
+    def learn(self, routes: torch.Tensor) -> None:
+        self.dims = (int(routes.shape[1]), int(routes.shape[2]))
+
+
+def execute_direct_plan(
+    plan: RouteAssemblyPlan,
+    fetched_fragments: Mapping[str, RouteFragment | None],
+    dims_cache: RouteDimsCache,
+    *,
+    device: DeviceSpec = "cpu",
+) -> RouteResult:
+    """Direct-mode pre-checks, then the shared executor (spec §3.7).
+
+    ``fetched_fragments`` maps staging key -> fragment (None when the item staged none)
+    in manifest order, off-chain calls included: the first fragment sets the dims.
+    Returns ``(None, None)`` for a valid rollout that staged no routes.
+    """
+    fragments = {k: f for k, f in fetched_fragments.items() if f is not None}
+    if not any(span.staged_route_len > 0 for span in plan.spans):
+        return None, None
+    if fragments:
+        first = next(iter(fragments.values())).routes
+        if first.dim() != 3:
+            return None, ROUTE_FAILURE_RANK
+        dims_cache.learn(first)
+    if dims_cache.dims is None:
+        return None, ROUTE_FAILURE_MISSING_FRAGMENT
+    return execute_route_plan(
+        plan,
+        fragments,
+        dims=dims_cache.dims,
+        canonical_len=plan.expected_token_length,
+        device=device,
+    )
+
+
+def build_group_route_tensor(
+    rows_routes: Sequence[torch.Tensor | None],
+    lengths: Sequence[int],
+    dims_cache: RouteDimsCache,
+    *,
+    valid: Sequence[bool] | None = None,
+    rollout_ids: Sequence[str] | None = None,
+    max_len: int | None = None,
+    device: DeviceSpec = "cpu",
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Group tensor ``[n, max_len, L, K]`` int16 for direct mode (spec §3.9).
+
+    ``lengths[i]`` is row i's ``len(token_ids)`` (0 for placeholders); ``valid`` defaults to
+    all rows valid; ``max_len`` defaults to ``max(max(1, length))`` as in finalize_group.
+    Raises RuntimeError when dims are unknown or a row's routes have the wrong shape.
+    """
+    n = len(rows_routes)
+    if len(lengths) != n:
+        raise ValueError(f"rows_routes and lengths must be parallel: {n} != {len(lengths)}")
+    valid = [True] * n if valid is None else list(valid)
+    ids = [str(i) for i in range(n)] if rollout_ids is None else list(rollout_ids)
+    if len(valid) != n or len(ids) != n:
+        raise ValueError("valid and rollout_ids must be parallel with rows_routes")
+
+    for ok, routes in zip(valid, rows_routes):
+        if ok and routes is not None:
+            if routes.dim() == 3:
+                dims_cache.learn(routes)
+            break
+    if dims_cache.dims is None:
+        raise RuntimeError(UNKNOWN_ROUTE_DIMS_MESSAGE)
+    layers, topk = dims_cache.dims
+    if max_len is None:
+        max_len = max((max(1, length) for length in lengths), default=1)
+    target = resolve_device(device)
+    out = torch.full(
+        (n, max_len, layers, topk),
+        ROUTE_MISSING_SENTINEL,
+        dtype=ROUTED_EXPERTS_FALLBACK_DTYPE,
+        device=target,
+    )
+
+    valid_rows = rows_with_routes = covered_tokens = sentinel_tokens = 0
+    for i, (ok, routes, length) in enumerate(zip(valid, rows_routes, lengths)):
+        if not ok:
+            continue
+        valid_rows += 1
+        covered_tokens += length
+        if routes is None:
+            sentinel_tokens += length
+            continue
+        expected = (length, layers, topk)
+        if tuple(routes.shape) != expected:
+            raise RuntimeError(
+                f"rebuilt routed_experts shape {tuple(routes.shape)} does not match "
+                f"{expected} for rollout {ids[i]}"
+            )
+        rows = routes.to(device=target, dtype=ROUTED_EXPERTS_FALLBACK_DTYPE)
+        out[i, :length] = rows
+        rows_with_routes += 1
+        # Positions where every layer/top-k slot is the sentinel got no route at all.
+        sentinel_tokens += int((rows == ROUTE_MISSING_SENTINEL).flatten(1).all(dim=1).sum())
+
+    metrics: dict[str, float] = {}
+    if valid_rows:
+        metrics[METRIC_ROUTED_EXPERTS_ROW_COVERAGE] = rows_with_routes / valid_rows
+    if covered_tokens:
+        metrics[METRIC_ROUTED_EXPERTS_SENTINEL_TOKEN_FRACTION] = sentinel_tokens / covered_tokens
+    return out, metrics

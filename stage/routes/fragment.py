@@ -1,0 +1,116 @@
+"""Staged route fragments and their receipt-bound integrity check (spec §3.8).
+
+The staged tensor is untrusted transport: before any of its rows reach a training row,
+the extras the producer committed to are rebuilt from it and re-digested against the
+receipt's ``extras_digest``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from stage.contract import EXTRAS_DIGEST_VERSION, compute_extras_digest, encode_routed_experts
+from stage.routes.constants import (
+    ROUTE_ENCODING_ENVELOPE,
+    ROUTE_ENCODING_LIST,
+    ROUTED_EXPERTS_BOUNDARY_FIELD,
+    ROUTED_EXPERTS_BOUNDARY_INDEX_FIELD,
+    ROUTED_EXPERTS_FIELD,
+)
+
+_ENVELOPE_DTYPES = {torch.int8: "int8", torch.int16: "int16", torch.int32: "int32"}
+
+
+@dataclass(frozen=True, eq=False)  # eq=False: tensor fields have no boolean equality
+class RouteFragment:
+    """One staged route payload plus the metadata its extras digest binds."""
+
+    routes: torch.Tensor  # [staged_len, L, K] in the staged dtype (int8/16/32)
+    encoding: int  # ROUTE_ENCODING_* the digest was committed over
+    extras_metadata_json: bytes  # canonical extras minus the route keys, or b"null"
+    boundary_routes: torch.Tensor | None = None  # v3 sidecar [1, L, K]
+
+
+def encode_extras_metadata_json(extras: Mapping[str, Any] | None) -> bytes:
+    """Canonical staged metadata: the call's extras minus the route payloads (staged as
+    tensors beside it), sorted keys, compact, UTF-8; literally ``null`` for no extras."""
+    if extras is None:
+        return b"null"
+    rest = {
+        k: v
+        for k, v in extras.items()
+        if k not in (ROUTED_EXPERTS_FIELD, ROUTED_EXPERTS_BOUNDARY_FIELD)
+    }
+    return json.dumps(rest, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode(
+        "utf-8"
+    )
+
+
+def parse_extras_metadata(raw: bytes | bytearray | memoryview) -> dict[str, Any]:
+    """Staged metadata as a dict (``null`` -> ``{}``); ValueError/TypeError if malformed."""
+    if not isinstance(raw, (bytes, bytearray, memoryview)):
+        raise TypeError(f"extras_metadata_json must be bytes, got {type(raw).__name__}")
+    value = json.loads(bytes(raw).decode("utf-8"))
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ValueError("extras_metadata_json must encode an object or null")
+    return value
+
+
+def metadata_boundary_index(metadata: Mapping[str, Any]) -> int | None:
+    """The staged boundary index, validated (exact non-negative int) when present."""
+    if ROUTED_EXPERTS_BOUNDARY_INDEX_FIELD not in metadata:
+        return None
+    index = metadata[ROUTED_EXPERTS_BOUNDARY_INDEX_FIELD]
+    if type(index) is not int or index < 0:
+        raise ValueError(f"malformed {ROUTED_EXPERTS_BOUNDARY_INDEX_FIELD}: {index!r}")
+    return index
+
+
+def envelope_of(tensor: torch.Tensor) -> str:
+    """``nrlre1`` envelope of a tensor in its own dtype (TQ/Kafka must preserve it)."""
+    dtype = _ENVELOPE_DTYPES.get(tensor.dtype)
+    if dtype is None:
+        raise ValueError(f"unsupported routed_experts dtype {tensor.dtype}")
+    return encode_routed_experts(tensor.detach().cpu().numpy(), dtype=dtype)
+
+
+def rebuild_route_extras(fragment: RouteFragment) -> dict[str, Any]:
+    """The extras dict exactly as committed; raises ValueError/TypeError when impossible."""
+    extras = dict(parse_extras_metadata(fragment.extras_metadata_json))
+    routes = fragment.routes
+    if not isinstance(routes, torch.Tensor):
+        raise TypeError(f"fragment routes must be a tensor, got {type(routes).__name__}")
+    if fragment.encoding == ROUTE_ENCODING_ENVELOPE:
+        extras[ROUTED_EXPERTS_FIELD] = envelope_of(routes)
+    elif fragment.encoding == ROUTE_ENCODING_LIST:
+        extras[ROUTED_EXPERTS_FIELD] = routes.tolist()
+    else:
+        raise ValueError(f"unsupported route encoding {fragment.encoding!r}")
+    index = metadata_boundary_index(extras)
+    if index is not None:
+        if fragment.boundary_routes is None:
+            raise ValueError("metadata names a boundary index but no boundary route was staged")
+        extras[ROUTED_EXPERTS_BOUNDARY_FIELD] = envelope_of(fragment.boundary_routes)
+    elif fragment.boundary_routes is not None:
+        raise ValueError("boundary route staged without a boundary index")
+    return extras
+
+
+def verify_route_fragment_integrity(span: Any, fragment: RouteFragment) -> bool:
+    """True iff the fragment rebuilds to extras whose Gym digest equals the span's
+    receipt-bound commitment. Never raises: malformed input simply fails verification."""
+    try:
+        version = span.extras_digest_version
+        if type(version) is not int or version != EXTRAS_DIGEST_VERSION:
+            return False
+        extras = rebuild_route_extras(fragment)
+        return compute_extras_digest(extras) == span.extras_digest
+    except (TypeError, ValueError, RuntimeError, AttributeError, OverflowError):
+        return False
