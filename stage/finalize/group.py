@@ -1,0 +1,325 @@
+"""``finalize_group``: N receipts -> exactly N canonical rows (placeholders for rejections).
+
+NeMo RL section 4. Rows stay jagged (each row's columns have its own length); ``pad_group``
+builds the padded training tensors for readers that want them. Tensors are torch on the
+configured device.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from stage.contract import TERMINAL_SELECTIONS
+from stage.finalize import reasons as R
+from stage.finalize.labels import generated_runs, group_label_stats
+from stage.finalize.media import trainer_media
+from stage.finalize.rollout import FinalizedRollout, RolloutFinalizer
+from stage.routes import (
+    RouteAssemblyPlan,
+    build_group_route_tensor,
+    encoded_route_plan_size_bytes,
+    placeholder_route_plan,
+    resolve_device,
+)
+
+logger = logging.getLogger(__name__)
+
+DROP_NO_ROUTE_DIMS = "router replay on, no rollout carried routed_experts, and (L, K) is unknown yet"
+
+
+@dataclass(eq=False)
+class CanonicalRow:
+    """One published training row (jagged: every token column has ``input_lengths`` entries)."""
+
+    group_id: str
+    sample_id: str
+    row_index: int
+    group_size: int
+    prompt_idx: int
+    rollout_id: str
+    weight_version: int          # the group's minimum
+    group_max_wv: int
+    valid: bool
+    rejection_reason: str | None
+    input_ids: torch.Tensor              # int64 [len]
+    input_lengths: int
+    generation_logprobs: torch.Tensor    # float32 [len]
+    token_mask: torch.Tensor             # float32 [len]
+    sample_mask: float
+    prompt_ids_for_adv: torch.Tensor     # int64 [prompt]
+    total_reward: float
+    mask_sample: bool
+    truncated: bool
+    staging_keys: list[str] = field(default_factory=list)
+    routed_experts: torch.Tensor | None = None         # int16 [len, L, K], direct mode
+    generation_topk_ids: torch.Tensor | None = None    # int32 [len, k]
+    generation_topk_logprobs: torch.Tensor | None = None  # float32 [len, k]
+    media: dict | None = None                           # pixel_values, imgs_sizes, num_frames
+    route_plan: RouteAssemblyPlan | None = None         # deferred mode
+
+
+@dataclass(eq=False)
+class FinalizedGroup:
+    group_id: str
+    rows: list[CanonicalRow]
+    group_min_wv: int
+    group_max_wv: int
+    staging_keys: list[str]          # deferred: every manifest key (kept for the policy); else []
+    cleanup_staging_keys: list[str]  # every manifest key of the group, all modes
+    canonical_output_tokens: int
+    metrics: dict[str, float]
+    valid_row_count: int
+    total_row_count: int
+    dropped: bool = False
+    drop_reason: str | None = None
+    routed_experts: torch.Tensor | None = None  # direct mode group tensor [n, max_len, L, K]
+
+
+class GroupFinalizer(RolloutFinalizer):
+    """finalize_rollout for each member, then the group's rows, metrics and routes."""
+
+    def finalize_group(self, group_id: str, rollout_ids, receipts, rewards, *, mask_sample,
+                       fallback_weight_version: int, prompt_idx: int, loss_multiplier: float = 1.0,
+                       canonical_sample_ids=None, group_labels=(), result_stats=()) -> FinalizedGroup:
+        n = len(rollout_ids)
+        if not (len(receipts) == n and len(rewards) == n and len(mask_sample) == n):
+            raise ValueError("rollout_ids, receipts, rewards, and mask_sample must be parallel")
+        if n == 0:
+            raise ValueError("a group needs at least one rollout")
+        cfg = self.config
+        metrics: dict[str, float] = {}
+        t0 = time.perf_counter()
+        rows = [self.finalize_rollout(rid, receipt, reward=float(reward))
+                for rid, receipt, reward in zip(rollout_ids, receipts, rewards)]
+        metrics["row_assembly/rollouts_ms"] = (time.perf_counter() - t0) * 1e3
+        for part in ("verify", "routes"):  # the per-rollout split of rollouts_ms
+            metrics[f"row_assembly/{part}_ms"] = sum(r.timings_ms.get(part, 0.0) for r in rows)
+        valid_rows = [row for row in rows if row.valid]
+        all_keys = [key for row in rows for key in row.staging_keys]
+        metrics.update(self._group_metrics(rows, receipts))
+        min_wv = min((r.min_wv for r in valid_rows), default=fallback_weight_version)
+        max_wv = max((r.max_wv for r in valid_rows), default=fallback_weight_version)
+
+        t1 = time.perf_counter()
+        # Structural drop: nothing can shape a route tensor for an all-placeholder group yet.
+        if cfg.direct_routes and not valid_rows and self.dims_cache.dims is None:
+            metrics["finalize/group_dropped"] = 1.0
+            return FinalizedGroup(group_id, [], min_wv, max_wv, [], all_keys, 0, metrics, 0, 0,
+                                  dropped=True, drop_reason=DROP_NO_ROUTE_DIMS)
+        sample_ids = [f"{group_id}_g{i}" for i in range(n)]
+        if canonical_sample_ids is not None and list(canonical_sample_ids) != sample_ids:
+            raise ValueError("canonical sample ids must equal the stable logical rollout ids: "
+                             f"{sample_ids} != {list(canonical_sample_ids)}")
+        out_rows = self._tensorize(group_id, rows, sample_ids, min_wv, max_wv, prompt_idx,
+                                   mask_sample, loss_multiplier)
+        group_routes = self._attach_group_routes(out_rows, rows, metrics)
+        self._attach_group_media(out_rows, rows, metrics)
+        if cfg.router_replay and cfg.defer_routes:
+            self._attach_plans(out_rows, rows, metrics)
+        metrics["row_assembly/tensorize_ms"] = (time.perf_counter() - t1) * 1e3
+        if group_labels:
+            try:  # rows are already built: a bad label input must not lose the group
+                metrics.update(group_label_stats(
+                    labels=list(group_labels), rewards=[r.reward for r in rows],
+                    valid=[r.valid for r in rows], mask_sample=list(mask_sample),
+                    token_masks=[r.token_mask for r in rows],
+                    seq_lens=[len(r.token_ids) for r in rows],
+                    truncated=[cfg.max_seq_len is not None and len(r.token_ids) == cfg.max_seq_len
+                               for r in rows],
+                    calls=[len(r.staging_keys) for r in rows], result_stats=list(result_stats)))
+            except Exception as error:  # noqa: BLE001 - per-label metrics are best effort
+                logger.warning("finalize: group %s per-label metrics skipped (%s: %s)",
+                               group_id, type(error).__name__, error)
+        output_tokens = int(sum(int(np.count_nonzero(r.token_mask)) for r in valid_rows))
+        return FinalizedGroup(
+            group_id=group_id, rows=out_rows, group_min_wv=min_wv, group_max_wv=max_wv,
+            staging_keys=all_keys if cfg.router_replay and cfg.defer_routes else [],
+            cleanup_staging_keys=all_keys, canonical_output_tokens=output_tokens,
+            metrics=metrics, valid_row_count=len(valid_rows), total_row_count=n,
+            routed_experts=group_routes)
+
+    # -- metrics -----------------------------------------------------------------------------
+    @staticmethod
+    def _group_metrics(rows: list[FinalizedRollout], receipts) -> dict[str, float]:
+        n = len(rows)
+        valid = [r for r in rows if r.valid]
+        m = {
+            "finalize/invalid_row_rate": 1.0 - len(valid) / n,
+            "finalize/calls_per_rollout": sum(len(r.staging_keys) for r in rows) / n,
+            "finalize/media_row_rate": (sum(1 for r in valid if r.media is not None) / len(valid)
+                                        if valid else 0.0),
+        }
+        modes = [mode for r in receipts for mode in _manifest_modes(r)]
+        if modes:
+            token_in = sum(1 for mode in modes if mode == "token_in")
+            m["finalize/token_in_calls"] = float(token_in)
+            m["finalize/text_root_calls"] = float(len(modes) - token_in)
+            m["finalize/token_in_rate"] = token_in / len(modes)
+        m["finalize/capture_poisoned_rollouts"] = float(sum(1 for r in receipts if _field(r, "capture_poisoned")))
+        selections = [_field(r, "terminal_selection") for r in receipts]
+        for method in TERMINAL_SELECTIONS:
+            count = sum(1 for s in selections if s == method)
+            m[f"finalize/terminal_selection_{method}_count"] = float(count)
+            m[f"finalize/terminal_selection_{method}_fraction"] = count / len(receipts)
+        m["finalize/terminal_witness_disagreement_count"] = float(sum(
+            1 for r in receipts if "witness_disagreement" in (_field(r, "terminal_attribution_reason") or "")))
+        for row in rows:
+            if not row.valid:
+                key = f"finalize/capture_failure_reason_{R.bucket_of(row.rejection_reason)}_count"
+                m[key] = m.get(key, 0.0) + 1.0
+        return m
+
+    # -- tensorization -----------------------------------------------------------------------
+    def _tensorize(self, group_id, rows, sample_ids, min_wv, max_wv, prompt_idx, mask_sample,
+                   loss_multiplier) -> list[CanonicalRow]:
+        cfg = self.config
+        device = resolve_device(cfg.device)
+        pad = cfg.pad_token_id
+        first_valid = next((r for r in rows if r.valid), None)
+        prompt = first_valid.token_ids[:first_valid.prompt_len] if first_valid is not None else None
+        if prompt is None or not len(prompt):
+            prompt = np.array([pad], dtype=np.int64)
+        prompt_t = torch.as_tensor(prompt, dtype=torch.int64, device=device)
+        out = []
+        for i, (row, sid) in enumerate(zip(rows, sample_ids)):
+            if row.valid:
+                ids = torch.as_tensor(row.token_ids, dtype=torch.int64, device=device)
+                mask = torch.as_tensor(row.token_mask, dtype=torch.float32, device=device)
+                lps = torch.as_tensor(row.logprobs, dtype=torch.float32, device=device)
+            else:
+                ids = torch.full((1,), pad, dtype=torch.int64, device=device)
+                mask = torch.zeros(1, dtype=torch.float32, device=device)
+                lps = torch.zeros(1, dtype=torch.float32, device=device)
+            length = int(ids.shape[0])
+            topk_ids = topk_lps = None
+            if cfg.top_logprobs > 0:
+                k = cfg.top_logprobs
+                if row.valid:
+                    topk_ids = torch.as_tensor(row.topk_ids, dtype=torch.int32, device=device)
+                    topk_lps = torch.as_tensor(row.topk_logprobs, dtype=torch.float32, device=device)
+                else:
+                    topk_ids = torch.zeros((1, k), dtype=torch.int32, device=device)
+                    topk_lps = torch.zeros((1, k), dtype=torch.float32, device=device)
+            out.append(CanonicalRow(
+                group_id=group_id, sample_id=sid, row_index=i, group_size=len(rows),
+                prompt_idx=prompt_idx, rollout_id=row.rollout_id, weight_version=min_wv,
+                group_max_wv=max_wv, valid=row.valid, rejection_reason=row.rejection_reason,
+                input_ids=ids, input_lengths=length, generation_logprobs=lps, token_mask=mask,
+                sample_mask=float(loss_multiplier) if row.valid else 0.0,
+                prompt_ids_for_adv=prompt_t, total_reward=float(np.float32(row.reward)),
+                mask_sample=bool(mask_sample[i]),
+                truncated=cfg.max_seq_len is not None and length == cfg.max_seq_len,
+                staging_keys=list(row.staging_keys), generation_topk_ids=topk_ids,
+                generation_topk_logprobs=topk_lps))
+        return out
+
+    def _attach_group_routes(self, out_rows, rows, metrics) -> torch.Tensor | None:
+        if not self.config.direct_routes:
+            return None
+        lengths = [len(r.token_ids) if r.valid else 0 for r in rows]
+        max_len = max(row.input_lengths for row in out_rows)
+        tensor, route_metrics = build_group_route_tensor(
+            [r.routed_experts for r in rows], lengths, self.dims_cache,
+            valid=[r.valid for r in rows], rollout_ids=[r.rollout_id for r in rows],
+            max_len=max_len, device=self.config.device)
+        metrics.update(route_metrics)
+        for i, row in enumerate(out_rows):
+            row.routed_experts = tensor[i, :row.input_lengths]
+        return tensor
+
+    @staticmethod
+    def _attach_group_media(out_rows, rows, metrics) -> None:
+        if not any(r.valid and r.media is not None for r in rows):
+            return
+        for row, source in zip(out_rows, rows):
+            if source.valid and source.media is not None:
+                row.media = trainer_media(source.media)
+
+    def _attach_plans(self, out_rows, rows, metrics) -> None:
+        spans = encoded = covered = 0
+        for row, source in zip(out_rows, rows):
+            plan = source.route_plan if source.valid else None
+            if plan is None:
+                plan = placeholder_route_plan(
+                    staging_partition=self.config.staging_partition,
+                    cleanup_staging_keys=source.staging_keys,
+                    expected_token_length=row.input_lengths,
+                    schema_version=self.config.route_plan_schema_version)
+            elif plan.spans:
+                covered += 1
+            row.route_plan = plan
+            spans += len(plan.spans)
+            encoded += encoded_route_plan_size_bytes(plan)
+        metrics["finalize/route_plan_span_count"] = float(spans)
+        metrics["finalize/route_plan_encoded_bytes"] = float(encoded)
+        valid = sum(1 for r in rows if r.valid)
+        if valid:
+            metrics["finalize/routed_experts_row_coverage"] = covered / valid
+
+
+def _field(receipt, name: str):
+    if receipt is None:
+        return None
+    if isinstance(receipt, dict):
+        return receipt.get(name)
+    return getattr(receipt, name, None)
+
+
+def _manifest_modes(receipt) -> list[str]:
+    if receipt is None:
+        return []
+    manifest = _field(receipt, "manifest")
+    if not isinstance(manifest, list):
+        return []
+    modes = []
+    for entry in manifest:
+        if isinstance(entry, dict):
+            modes.append(entry.get("mode"))
+        elif hasattr(entry, "mode"):
+            modes.append(entry.mode)
+    return modes
+
+
+def pad_group(group: FinalizedGroup, *, pad_token_id: int = 0, device=None) -> dict[str, torch.Tensor]:
+    """NeMo RL's training tensors from jagged rows: input_ids int64 [n, max_len] padded with
+    ``pad_token_id``, generation_logprobs/token_mask float32 [n, max_len] (0 padded),
+    input_lengths int64 [n], sample_mask/total_reward float32 [n], mask_sample/truncated bool
+    [n], prompt_ids_for_adv int64 [n, p], plus routed_experts int16 [n, max_len, L, K] (-1
+    padded) and top-k [n, max_len, k] (0 padded) when the rows carry them."""
+    rows = group.rows
+    if not rows:
+        raise ValueError(f"group {group.group_id} has no rows (dropped: {group.drop_reason})")
+    target = resolve_device(device) if device is not None else rows[0].input_ids.device
+    n, max_len = len(rows), max(r.input_lengths for r in rows)
+
+    def stack(column: str, fill, dtype, tail=()):
+        out = torch.full((n, max_len, *tail), fill, dtype=dtype, device=target)
+        for i, row in enumerate(rows):
+            value = getattr(row, column)
+            out[i, :row.input_lengths] = value.to(device=target, dtype=dtype)
+        return out
+
+    tensors = {
+        "input_ids": stack("input_ids", pad_token_id, torch.int64),
+        "input_lengths": torch.tensor([r.input_lengths for r in rows], dtype=torch.int64, device=target),
+        "generation_logprobs": stack("generation_logprobs", 0.0, torch.float32),
+        "token_mask": stack("token_mask", 0.0, torch.float32),
+        "sample_mask": torch.tensor([r.sample_mask for r in rows], dtype=torch.float32, device=target),
+        "prompt_ids_for_adv": torch.stack([r.prompt_ids_for_adv.to(target) for r in rows]),
+        "total_reward": torch.tensor([r.total_reward for r in rows], dtype=torch.float32, device=target),
+        "mask_sample": torch.tensor([r.mask_sample for r in rows], dtype=torch.bool, device=target),
+        "truncated": torch.tensor([r.truncated for r in rows], dtype=torch.bool, device=target),
+    }
+    if rows[0].routed_experts is not None:
+        layers, topk = rows[0].routed_experts.shape[1:]
+        tensors["routed_experts"] = stack("routed_experts", -1, torch.int16, (layers, topk))
+    if rows[0].generation_topk_ids is not None:
+        k = rows[0].generation_topk_ids.shape[1]
+        tensors["generation_topk_ids"] = stack("generation_topk_ids", 0, torch.int32, (k,))
+        tensors["generation_topk_logprobs"] = stack("generation_topk_logprobs", 0.0, torch.float32, (k,))
+    return tensors

@@ -1,0 +1,53 @@
+"""Rejection reasons of rollout finalization (NeMo RL's vocabulary, exact strings).
+
+A reason is either a constant or ``<prefix>:<detail>``; the metrics bucket is the text before
+the first colon (``bucket_of``).
+"""
+
+from __future__ import annotations
+
+MISSING_RECEIPT = "missing_receipt"
+INVALID_RECEIPT = "invalid_receipt"                  # :<error>
+IDENTITY_MISMATCH = "identity_mismatch"              # :<receipt rollout_id>
+ROLLOUT_FAILED = "rollout_failed"                    # :<failure_reason>
+CAPTURE_POISONED = "capture_poisoned"
+DUPLICATE_STAGING_KEY = "duplicate_staging_key"
+DUPLICATE_MANIFEST_CALL_ID = "duplicate_manifest_call_id"
+MISSING_STAGING_ROW = "missing_staging_row"          # :<KeyError text, quoted>
+INVALID_STAGING_ROW = "invalid_staging_row"          # :<error>
+STAGING_KEY_MISMATCH = "staging_key_mismatch"        # :<model_call_id>
+CALL_ID_MISMATCH = "call_id_mismatch"                # :<model_call_id>
+DUPLICATE_FETCHED_CALL_ID = "duplicate_fetched_call_id"
+REBUILD_FAILED = "rebuild_failed"                    # :<code>: <detail>
+MEDIA_CHAIN_IDENTITY = "media_chain_identity"        # :<model_call_id>
+MEDIA_CHAIN_INCOMPATIBLE = "media_chain_incompatible"  # :<error>
+MEDIA_MIXED_KINDS = "mixed image and video calls"
+INVALID_MEDIA_COLUMNS = "invalid_media_columns"      # :<error>
+TOPK_LENGTH_MISMATCH = "topk_length_mismatch"        # :<model_call_id>
+# Route-plan reasons live with the route code; re-exported so one module names them all.
+from stage.routes.constants import (  # noqa: E402
+    REJECT_DUPLICATE_ROUTE_SPAN as DUPLICATE_ROUTE_SPAN,
+    REJECT_INVALID_ROUTE_PLAN as INVALID_ROUTE_PLAN,
+    REJECT_ROUTE_ASSEMBLY as ROUTE_ASSEMBLY,
+    REJECT_ROUTE_BOUNDARY_INDEX_MISMATCH as ROUTE_BOUNDARY_INDEX_MISMATCH,
+    REJECT_ROUTE_CARRY_SPAN_MISMATCH as ROUTE_CARRY_SPAN_MISMATCH,
+    REJECT_ROUTE_GENERATION_SPAN_MISMATCH as ROUTE_GENERATION_SPAN_MISMATCH,
+    REJECT_ROUTE_SPAN_IDENTITY as ROUTE_SPAN_IDENTITY,
+    REJECT_ROUTE_SPAN_LENGTH_MISMATCH as ROUTE_SPAN_LENGTH_MISMATCH,
+    REJECT_ROUTED_LEN_MISMATCH as ROUTED_LEN_MISMATCH,
+)
+# Not NeMo RL's: a verified token id that int64 training tensors cannot hold.
+TOKEN_ID_RANGE = "token id exceeds int64 range"
+
+UNKNOWN_BUCKET = "unknown"
+
+
+def reason(prefix: str, detail) -> str:
+    return f"{prefix}:{detail}"
+
+
+def bucket_of(rejection_reason: str | None) -> str:
+    """Metrics bucket of a rejection: the text before the first colon."""
+    if rejection_reason is None:
+        return UNKNOWN_BUCKET
+    return rejection_reason.split(":", 1)[0]
