@@ -1,0 +1,61 @@
+"""What the buffer holds: decoded input records with the Kafka position they came from.
+
+Offsets travel with the data they cover, so the buffer alone can say which input offsets an
+unpublished group still needs. The payloads are opaque here: validation happens at
+finalization, off the poll thread.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Position:
+    topic: str
+    partition: int
+    offset: int
+    timestamp_ms: int
+
+
+@dataclass(eq=False)
+class ReceiptItem:
+    """One ReceiptEvent. ``receipt`` is Gym's RolloutReceipt JSON form or None (missing)."""
+
+    group_id: str
+    rollout_id: str
+    rollout_index: int
+    group_size: int
+    prompt_idx: int
+    reward: float
+    receipt: dict | None
+    position: Position
+    nbytes: int
+    mask_sample: bool = False
+    loss_multiplier: float = 1.0
+    fallback_weight_version: int = 0
+    canonical_sample_id: str | None = None
+    labels: tuple = ()
+    result_stats: tuple = ()
+
+    @property
+    def staging_keys(self) -> tuple[str, ...]:
+        """Keys the manifest names (empty for a missing or structurally unusable receipt)."""
+        manifest = self.receipt.get("manifest") if isinstance(self.receipt, dict) else None
+        if not isinstance(manifest, list):
+            return ()
+        return tuple(row["staging_key"] for row in manifest
+                     if isinstance(row, dict) and isinstance(row.get("staging_key"), str))
+
+
+@dataclass(eq=False)
+class StagedItem:
+    """One StagedCall; ``payload`` is whatever the decoder produced (kept opaque)."""
+
+    group_id: str
+    staging_key: str
+    payload: Any
+    position: Position
+    nbytes: int
+    extra: dict = field(default_factory=dict)

@@ -1,0 +1,212 @@
+"""The buffer of one co-partitioned input partition (receipts p + staged calls p).
+
+State only: no Kafka, no threads. The runtime feeds decoded records in, asks which groups are
+ready (complete, or past their deadline), hands them to finalization, and after publication
+asks which input offsets are safe to commit. A group's lifecycle: open -> in_flight (taken for
+finalization; its records still hold the commit watermark) -> published (forgotten, but its id
+is remembered so late and replayed records are skipped).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import Counter
+from dataclasses import dataclass
+
+from stage.buffer.group import IN_FLIGHT, OPEN, GroupState
+from stage.buffer.items import ReceiptItem, StagedItem
+
+# What add_* did with a record (counted by the runtime).
+ADDED = "added"
+DUPLICATE = "duplicate"        # same rollout_index / staging_key already buffered: first one wins
+LATE = "late"                  # its group is in flight or already published
+REPLAYED = "replayed"          # re-read after a restart; the ledger says its group is published
+CONFLICT = "conflict"          # contradicts the group (another group_size, index out of range)
+
+COMPLETE = "complete"
+DEADLINE = "deadline"
+
+
+@dataclass(frozen=True)
+class Published:
+    """A group published from this partition (from this process or the ledger)."""
+
+    max_offsets: dict
+    published_at_ms: int
+    from_ledger: bool = False
+
+
+class PartitionBuffer:
+    def __init__(self, partition: int, *, receipts_topic: str, staged_topic: str,
+                 group_timeout_ms: int, late_retention_ms: int) -> None:
+        self.partition = partition
+        self.receipts_topic = receipts_topic
+        self.staged_topic = staged_topic
+        self.group_timeout_ms = group_timeout_ms
+        self.late_retention_ms = late_retention_ms
+        self.groups: dict[str, GroupState] = {}
+        self.published: dict[str, Published] = {}
+        self.next_offsets: dict[str, int] = {}   # one past the highest offset seen per topic
+        self.nbytes = 0
+        self.counts: Counter = Counter()
+        self._deadlines: list[tuple[int, str]] = []
+        self._complete: set[str] = set()
+
+    # -- intake ----------------------------------------------------------------------------
+    def _group_for(self, group_id: str, timestamp_ms: int, now_ms: int) -> GroupState:
+        group = self.groups.get(group_id)
+        if group is None:
+            # A producer clock ahead of ours must not extend the deadline.
+            first = min(timestamp_ms, now_ms)
+            group = GroupState(group_id, self.partition, first, first + self.group_timeout_ms)
+            self.groups[group_id] = group
+            heapq.heappush(self._deadlines, (group.deadline_ms, group_id))
+        return group
+
+    def skip(self, topic: str, offset: int) -> None:
+        """A record handled without buffering (dead-lettered): it no longer holds the watermark."""
+        self._seen(topic, offset)
+
+    def _seen(self, topic: str, offset: int) -> None:
+        if offset + 1 > self.next_offsets.get(topic, 0):
+            self.next_offsets[topic] = offset + 1
+
+    def _closed(self, group_id: str) -> str | None:
+        if group_id in self.published:
+            return REPLAYED if self.published[group_id].from_ledger else LATE
+        group = self.groups.get(group_id)
+        if group is not None and group.status == IN_FLIGHT:
+            return LATE
+        return None
+
+    def add_receipt(self, item: ReceiptItem, now_ms: int) -> str:
+        pos = item.position
+        self._seen(pos.topic, pos.offset)
+        closed = self._closed(item.group_id)
+        if closed:
+            return self._count(closed, "receipt")
+        if not (0 < item.group_size and 0 <= item.rollout_index < item.group_size):
+            return self._count(CONFLICT, "receipt")
+        group = self.groups.get(item.group_id)
+        if group is not None and group.group_size not in (None, item.group_size):
+            return self._count(CONFLICT, "receipt")
+        group = self._group_for(item.group_id, pos.timestamp_ms, now_ms)
+        if item.rollout_index in group.receipts:
+            return self._count(DUPLICATE, "receipt")
+        group.group_size = item.group_size
+        group.receipts[item.rollout_index] = item
+        self._admit(group, item.nbytes, pos)
+        group.invalidate()
+        self._check_complete(group)
+        return self._count(ADDED, "receipt")
+
+    def add_staged(self, item: StagedItem, now_ms: int) -> str:
+        pos = item.position
+        self._seen(pos.topic, pos.offset)
+        closed = self._closed(item.group_id)
+        if closed:
+            return self._count(closed, "staged")
+        group = self._group_for(item.group_id, pos.timestamp_ms, now_ms)
+        if item.staging_key in group.staged:
+            return self._count(DUPLICATE, "staged")
+        group.staged[item.staging_key] = item
+        self._admit(group, item.nbytes, pos)
+        if group._missing_keys is not None:
+            group._missing_keys.discard(item.staging_key)
+        self._check_complete(group)
+        return self._count(ADDED, "staged")
+
+    def _admit(self, group: GroupState, nbytes: int, pos) -> None:
+        group.nbytes += nbytes
+        self.nbytes += nbytes
+        group.note_position(pos.topic, pos.offset, pos.timestamp_ms)
+
+    def _check_complete(self, group: GroupState) -> None:
+        if group.status == OPEN and group.complete:
+            self._complete.add(group.group_id)
+
+    def _count(self, outcome: str, kind: str) -> str:
+        self.counts[f"{kind}_{outcome}"] += 1
+        return outcome
+
+    # -- readiness -------------------------------------------------------------------------
+    def take_ready(self, now_ms: int) -> tuple[list[tuple[GroupState, str]], list[GroupState]]:
+        """Groups to finalize now (complete first, then past deadline) and expired orphans
+        (deadline passed with staged calls but no receipt: there is no N to publish)."""
+        ready: list[tuple[GroupState, str]] = []
+        for group_id in sorted(self._complete):
+            group = self.groups[group_id]
+            group.status = IN_FLIGHT
+            ready.append((group, COMPLETE))
+        self._complete.clear()
+        orphans: list[GroupState] = []
+        while self._deadlines and self._deadlines[0][0] <= now_ms:
+            _, group_id = heapq.heappop(self._deadlines)
+            group = self.groups.get(group_id)
+            if group is None or group.status != OPEN:
+                continue  # published or taken already: lazy deletion
+            if group.receipts:
+                group.status = IN_FLIGHT
+                ready.append((group, DEADLINE))
+            else:
+                orphans.append(self._forget(group_id))
+                self.counts["orphan_groups_expired"] += 1
+                self.counts["orphan_staged_expired"] += len(group.staged)
+        return ready, orphans
+
+    def next_deadline_ms(self) -> int | None:
+        while self._deadlines and (self._deadlines[0][1] not in self.groups
+                                   or self.groups[self._deadlines[0][1]].status != OPEN):
+            heapq.heappop(self._deadlines)
+        return self._deadlines[0][0] if self._deadlines else None
+
+    # -- publication -----------------------------------------------------------------------
+    def mark_published(self, group_id: str, now_ms: int) -> None:
+        group = self._forget(group_id)
+        self.published[group_id] = Published(dict(group.max_offsets), now_ms)
+
+    def release(self, group_id: str) -> None:
+        """Put an in-flight group back (its publication was aborted); it is retried."""
+        group = self.groups[group_id]
+        group.status = OPEN
+        if group.complete:
+            self._complete.add(group_id)
+        else:
+            heapq.heappush(self._deadlines, (group.deadline_ms, group_id))
+
+    def _forget(self, group_id: str) -> GroupState:
+        group = self.groups.pop(group_id)
+        self.nbytes -= group.nbytes
+        self._complete.discard(group_id)
+        return group
+
+    def load_published(self, group_id: str, max_offsets: dict, published_at_ms: int) -> None:
+        """A ledger entry read at assignment: records of this group will be skipped."""
+        self.published[group_id] = Published(dict(max_offsets), published_at_ms, from_ledger=True)
+
+    # -- offsets ---------------------------------------------------------------------------
+    def committable(self, topic: str, committed: int | None = None) -> int | None:
+        """The lowest offset an unpublished group still needs, else one past the last record
+        seen; never below what is already committed. None if nothing was seen."""
+        needed = [g.min_offsets[topic] for g in self.groups.values() if topic in g.min_offsets]
+        candidate = min(needed) if needed else self.next_offsets.get(topic)
+        if candidate is None:
+            return committed
+        return candidate if committed is None else max(candidate, committed)
+
+    def expire_published(self, committed: dict[str, int], now_ms: int) -> list[str]:
+        """Published groups whose every input record is below the committed offsets and whose
+        late-record retention has passed: their ledger entries can be tombstoned."""
+        out = []
+        for group_id, info in self.published.items():
+            if now_ms - info.published_at_ms < self.late_retention_ms:
+                continue
+            if all(offset < committed.get(topic, -1) for topic, offset in info.max_offsets.items()):
+                out.append(group_id)
+        for group_id in out:
+            del self.published[group_id]
+        return out
+
+    @property
+    def open_groups(self) -> int:
+        return len(self.groups)

@@ -1,0 +1,172 @@
+"""The per-partition join: readiness, deadlines without traffic, late/replayed records, and the
+commit watermark (never past a record an unpublished group still needs)."""
+
+import pytest
+
+from stage.buffer import (
+    ADDED, COMPLETE, CONFLICT, DEADLINE, DUPLICATE, LATE, REPLAYED, ManualClock, PartitionBuffer,
+    Position, ReceiptItem, StagedItem,
+)
+
+R, S = "receipts", "staged"
+
+
+def buffer(timeout_ms=1000, retention_ms=5000):
+    return PartitionBuffer(0, receipts_topic=R, staged_topic=S, group_timeout_ms=timeout_ms,
+                           late_retention_ms=retention_ms)
+
+
+def receipt(group, index, offset, *, keys=(), size=2, ts=0, missing=False):
+    body = None if missing else {"manifest": [{"staging_key": k} for k in keys]}
+    return ReceiptItem(group_id=group, rollout_id=f"{group}-r{index}", rollout_index=index,
+                       group_size=size, prompt_idx=0, reward=1.0, receipt=body,
+                       position=Position(R, 0, offset, ts), nbytes=100)
+
+
+def staged(group, key, offset, ts=0, nbytes=1000):
+    return StagedItem(group_id=group, staging_key=key, payload=None,
+                      position=Position(S, 0, offset, ts), nbytes=nbytes)
+
+
+def test_group_ready_only_when_all_receipts_and_named_rows_arrived():
+    clock = ManualClock(10_000)
+    b = buffer()
+    assert b.add_staged(staged("g", "r0/a", 0, ts=10_000), clock.now_ms()) == ADDED
+    assert b.add_receipt(receipt("g", 0, 0, keys=["r0/a"], ts=10_000), clock.now_ms()) == ADDED
+    assert b.take_ready(clock.now_ms()) == ([], [])
+    assert b.add_receipt(receipt("g", 1, 1, keys=["r1/a", "r1/b"]), clock.now_ms()) == ADDED
+    b.add_staged(staged("g", "r1/a", 1), clock.now_ms())
+    assert b.take_ready(clock.now_ms())[0] == []        # r1/b still missing
+    b.add_staged(staged("g", "r1/b", 2), clock.now_ms())
+    ready, orphans = b.take_ready(clock.now_ms())
+    assert [(g.group_id, why) for g, why in ready] == [("g", COMPLETE)] and orphans == []
+    assert b.take_ready(clock.now_ms()) == ([], [])     # taken once
+
+
+def test_deadline_fires_from_record_timestamps_without_new_traffic():
+    clock = ManualClock(50_000)
+    b = buffer(timeout_ms=1000)
+    b.add_receipt(receipt("g", 0, 0, ts=49_500), clock.now_ms())
+    assert b.next_deadline_ms() == 50_500
+    clock.advance(499)
+    assert b.take_ready(clock.now_ms())[0] == []
+    clock.advance(1)
+    ready, _ = b.take_ready(clock.now_ms())
+    assert [(g.group_id, why) for g, why in ready] == [("g", DEADLINE)]
+    assert b.next_deadline_ms() is None
+
+
+def test_future_producer_timestamp_does_not_extend_the_deadline():
+    clock = ManualClock(1_000)
+    b = buffer(timeout_ms=100)
+    b.add_receipt(receipt("g", 0, 0, ts=9_999_999), clock.now_ms())
+    assert b.next_deadline_ms() == 1_100
+
+
+def test_orphan_staged_calls_expire_without_publication():
+    clock = ManualClock(0)
+    b = buffer(timeout_ms=10)
+    b.add_staged(staged("lonely", "x/a", 0), 0)
+    b.add_staged(staged("lonely", "x/b", 1), 0)
+    clock.advance(10)
+    ready, orphans = b.take_ready(clock.now_ms())
+    assert ready == [] and [g.group_id for g in orphans] == ["lonely"]
+    assert b.counts["orphan_groups_expired"] == 1 and b.counts["orphan_staged_expired"] == 2
+    assert b.nbytes == 0 and b.open_groups == 0
+    assert b.committable(S) == 2                         # the expired records are processed
+
+
+def test_late_and_duplicate_and_conflicting_records():
+    b = buffer()
+    b.add_receipt(receipt("g", 0, 0, size=2), 0)
+    assert b.add_receipt(receipt("g", 0, 1, size=2), 0) == DUPLICATE
+    assert b.add_receipt(receipt("g", 1, 2, size=3), 0) == CONFLICT   # another N
+    assert b.add_receipt(receipt("g", 5, 3, size=2), 0) == CONFLICT   # index out of range
+    b.add_receipt(receipt("g", 1, 4, size=2), 0)
+    (group, _), = b.take_ready(0)[0]
+    assert b.add_staged(staged("g", "late/a", 9), 0) == LATE          # in flight
+    b.mark_published("g", 0)
+    assert b.add_receipt(receipt("g", 1, 10), 0) == LATE
+    assert b.counts["receipt_late"] == 1 and b.counts["staged_late"] == 1
+
+
+def test_watermark_holds_at_the_lowest_offset_of_unpublished_groups():
+    b = buffer()
+    b.add_receipt(receipt("a", 0, 5, size=1), 0)
+    b.add_receipt(receipt("b", 0, 6, size=2), 0)
+    b.add_staged(staged("b", "k", 40), 0)
+    b.add_receipt(receipt("c", 0, 7, size=1), 0)
+    assert b.committable(R) == 5 and b.committable(S) == 40
+    ready = {g.group_id for g, _ in b.take_ready(0)[0]}
+    assert ready == {"a", "c"}
+    assert b.committable(R) == 5                         # in flight still holds the watermark
+    b.mark_published("a", 0)
+    assert b.committable(R) == 6                         # b (open) holds it now
+    b.mark_published("c", 0)
+    assert b.committable(R) == 6
+    assert b.committable(R, committed=9) == 9            # never moves backwards
+
+
+def test_watermark_is_one_past_the_last_record_when_nothing_is_open():
+    b = buffer()
+    assert b.committable(R) is None and b.committable(R, committed=3) == 3
+    b.add_receipt(receipt("a", 0, 11, size=1), 0)
+    b.take_ready(0)
+    b.mark_published("a", 0)
+    assert b.committable(R) == 12
+    b.skip(R, 20)                                        # a dead-lettered record
+    assert b.committable(R) == 21
+
+
+def test_ledger_groups_are_replayed_not_republished_and_expire_after_retention():
+    b = buffer(retention_ms=1000)
+    b.load_published("g", {R: 3, S: 8}, published_at_ms=0)
+    assert b.add_receipt(receipt("g", 0, 3), 10) == REPLAYED
+    assert b.add_staged(staged("g", "k", 8), 10) == REPLAYED
+    assert b.open_groups == 0
+    assert b.expire_published({R: 4, S: 9}, now_ms=500) == []         # retention not over
+    assert b.expire_published({R: 3, S: 9}, now_ms=5000) == []        # receipt 3 not committed
+    assert b.expire_published({R: 4, S: 9}, now_ms=5000) == ["g"]
+    assert "g" not in b.published
+
+
+def test_release_puts_an_aborted_group_back():
+    b = buffer()
+    b.add_receipt(receipt("g", 0, 0, size=1), 0)
+    (group, why), = b.take_ready(0)[0]
+    b.release("g")
+    assert [g.group_id for g, _ in b.take_ready(0)[0]] == ["g"]
+
+
+def test_byte_accounting_follows_admission_and_publication():
+    b = buffer()
+    b.add_staged(staged("g", "k1", 0, nbytes=700), 0)
+    b.add_receipt(receipt("g", 0, 0, keys=["k1"], size=1), 0)
+    assert b.nbytes == 800
+    b.add_staged(staged("g", "k1", 1, nbytes=700), 0)   # duplicate: not counted
+    assert b.nbytes == 800
+    b.take_ready(0)
+    b.mark_published("g", 0)
+    assert b.nbytes == 0
+
+
+def test_missing_receipt_event_counts_as_arrived():
+    b = buffer()
+    b.add_receipt(receipt("g", 0, 0, size=2, missing=True), 0)
+    b.add_receipt(receipt("g", 1, 1, size=2, keys=["k"]), 0)
+    b.add_staged(staged("g", "k", 0), 0)
+    assert [why for _, why in b.take_ready(0)[0]] == [COMPLETE]
+
+
+@pytest.mark.parametrize("order", ["staged_first", "receipts_first"])
+def test_arrival_order_does_not_matter(order):
+    b = buffer()
+    events = [("s", "k0"), ("s", "k1"), ("r", 0), ("r", 1)]
+    if order == "receipts_first":
+        events.reverse()
+    for i, (kind, value) in enumerate(events):
+        if kind == "s":
+            b.add_staged(staged("g", value, i), 0)
+        else:
+            b.add_receipt(receipt("g", value, i, keys=[f"k{value}"]), 0)
+    assert [why for _, why in b.take_ready(0)[0]] == [COMPLETE]
