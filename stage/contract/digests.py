@@ -65,14 +65,15 @@ def compute_extras_digest(extras) -> str:
         raise TypeError(f"extras must be a mapping or None, got {type(extras).__name__}")
     value = None if extras is None else dict(extras)
     out: list[bytes] = [EXTRAS_DIGEST_DOMAIN, bytes((EXTRAS_DIGEST_VERSION,))]
-    _encode_extras(value, out)
+    try:
+        _encode_extras(value, out)
+    except RecursionError:  # Gym lets RecursionError escape; a ValueError keeps callers simple
+        raise ValueError("extras nesting is too deep") from None
     return hashlib.sha256(b"".join(out)).hexdigest()
 
 
 def _encode_extras(value, out: list[bytes], depth: int = 0) -> None:
     # Exact type checks on purpose: subclasses, numpy scalars and tuples are not encodable.
-    if depth > 256:
-        raise ValueError("extras nesting is too deep")
     kind = type(value)
     if value is None:
         out.append(b"N")
@@ -192,14 +193,15 @@ def staging_digest_from_image(*, rollout_id, model_call_id, parent_call_id, mode
     verifier can pass images it already computed (and reuse the token image for the chain and
     cumulative hashes).
     """
+    texts = (_VERSIONS, enc.text(rollout_id), enc.text(model_call_id),
+             enc.opt_text(parent_call_id), enc.text(mode))   # payload order: texts first
     lengths = (prev_len, delta_len, cum_len, weight_version)
     if all(type(v) is int and 0 <= v <= enc.U64_MAX for v in lengths):
         numbers = _FOUR_U64.pack(*lengths)
     else:  # reports the first bad field by name, in payload order
         numbers = (enc.uint(prev_len, "prev_len") + enc.uint(delta_len, "delta_len")
                    + enc.uint(cum_len, "cum_len") + enc.uint(weight_version, "weight_version"))
-    head = b"".join((_VERSIONS, enc.text(rollout_id), enc.text(model_call_id),
-                     enc.opt_text(parent_call_id), enc.text(mode), numbers))
+    head = b"".join((*texts, numbers))
     image = token_image()
     n = len(image)
     h = hashlib.sha256(CALL_DIGEST_DOMAIN)

@@ -130,7 +130,7 @@ _FALSE = {"0", "off", "f", "false", "n", "no"}
 def lax_bool(v):
     if type(v) is bool:
         return v
-    if type(v) is int and v in (0, 1):
+    if type(v) in (int, float) and v in (0, 1):  # pydantic's lax mode takes 0/1 and 0.0/1.0
         return bool(v)
     if type(v) is str and v.lower() in _TRUE | _FALSE:
         return v.lower() in _TRUE
