@@ -6,7 +6,9 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 
-.PHONY: install test bench clean
+KAFKA_LIB := .cache/kafka/lib
+
+.PHONY: install test bench clean kafka-jars
 
 install: $(STAMP)
 
@@ -18,7 +20,17 @@ $(STAMP): pyproject.toml
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 
-test: install
+# A real Apache Kafka broker for the integration tests, from Maven Central (needs java + mvn;
+# without them the broker-backed tests skip unless KAFKA_BOOTSTRAP_SERVERS is set).
+kafka-jars: $(KAFKA_LIB)/.resolved
+
+$(KAFKA_LIB)/.resolved: tools/kafka/pom.xml
+	@if command -v mvn >/dev/null && command -v java >/dev/null; then \
+	  mvn -q -f tools/kafka/pom.xml dependency:copy-dependencies -DoutputDirectory=$(abspath $(KAFKA_LIB)) \
+	  && touch $@; \
+	else echo "kafka-jars: no java/mvn here; real-broker tests will be skipped"; fi
+
+test: install kafka-jars
 	$(PY) -m pytest -q
 
 bench: install

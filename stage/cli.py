@@ -17,6 +17,21 @@ def _parser() -> argparse.ArgumentParser:
     verify.add_argument("--json", action="store_true", help="print the report as JSON")
     verify.add_argument("--seconds", type=float, default=2.0,
                         help="measuring time per case (default 2.0)")
+    run = commands.add_parser("run", help="run the stage as a member of its Kafka consumer group")
+    run.add_argument("--config", help="YAML config file (environment variables override it)")
+    run.add_argument("--bootstrap-servers", help="overrides bootstrap_servers")
+    run.add_argument("--log-level", default="INFO")
+    topics = commands.add_parser("topics", help="create or check the stage's topics")
+    topics_cmd = topics.add_subparsers(dest="topics_command", required=True)
+    for name, text in (("create", "create missing topics (co-partitioned, ledger compacted)"),
+                       ("check", "check that the topics exist and are co-partitioned")):
+        sub = topics_cmd.add_parser(name, help=text)
+        sub.add_argument("--config")
+        sub.add_argument("--bootstrap-servers")
+        if name == "create":
+            sub.add_argument("--partitions", type=int, required=True)
+            sub.add_argument("--replication", type=int, default=1)
+            sub.add_argument("--max-message-bytes", type=int, default=64 << 20)
     finalize = which.add_parser("finalize", help="finalize_group time split (verify, routes, tensorize)")
     finalize.add_argument("--json", action="store_true", help="print the report as JSON")
     finalize.add_argument("--device", default="cpu", help="cpu, cuda or auto (default cpu)")
@@ -32,6 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     from stage.tuning import tune_malloc
     tune_malloc()
+    if args.command in ("run", "topics"):
+        return _runtime_command(args)
     if args.command == "bench" and args.bench == "verify":
         from stage.bench.verify import run
         report = run(as_json=args.json, min_seconds=args.seconds)
@@ -42,6 +59,54 @@ def main(argv: list[str] | None = None) -> int:
                      calls=args.calls, tokens=args.tokens, layers=args.layers, topk=args.topk)
         return 0
     return 2
+
+
+def _load(args):
+    import dataclasses
+
+    from stage.runtime.config import load_config
+    cfg = load_config(args.config)
+    if args.bootstrap_servers:
+        cfg = dataclasses.replace(cfg, bootstrap_servers=args.bootstrap_servers)
+    return cfg
+
+
+def _runtime_command(args) -> int:
+    import logging
+
+    from confluent_kafka.admin import AdminClient
+
+    from stage.runtime.topics import TopologyError, check_copartitioning, create_topics
+    logging.basicConfig(level=getattr(args, "log_level", "INFO"),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        cfg = _load(args)
+    except (OSError, ValueError) as error:
+        print(f"configuration error: {error}", file=sys.stderr)
+        return 2
+    if args.command == "topics":
+        admin = AdminClient({"bootstrap.servers": cfg.bootstrap_servers, **cfg.kafka})
+        try:
+            if args.topics_command == "create":
+                created = create_topics(admin, cfg, partitions=args.partitions,
+                                        replication=args.replication,
+                                        max_message_bytes=args.max_message_bytes)
+                print("created: " + (", ".join(created) if created else "nothing (all exist)"))
+            print(f"ok: {check_copartitioning(admin, cfg)} partitions per topic")
+            return 0
+        except TopologyError as error:
+            print(f"topology error: {error}", file=sys.stderr)
+            return 1
+    from stage.runtime.loop import StageRuntime
+    runtime = StageRuntime(cfg)
+    runtime.install_signal_handlers()
+    try:
+        runtime.start()
+    except TopologyError as error:
+        print(f"refusing to start: {error}", file=sys.stderr)
+        return 1
+    runtime.run()
+    return 0
 
 
 if __name__ == "__main__":

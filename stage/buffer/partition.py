@@ -47,6 +47,7 @@ class PartitionBuffer:
         self.groups: dict[str, GroupState] = {}
         self.published: dict[str, Published] = {}
         self.next_offsets: dict[str, int] = {}   # one past the highest offset seen per topic
+        self.stream_time: dict[str, int] = {}    # highest record timestamp seen per topic
         self.nbytes = 0
         self.counts: Counter = Counter()
         self._deadlines: list[tuple[int, str]] = []
@@ -63,13 +64,15 @@ class PartitionBuffer:
             heapq.heappush(self._deadlines, (group.deadline_ms, group_id))
         return group
 
-    def skip(self, topic: str, offset: int) -> None:
+    def skip(self, topic: str, offset: int, timestamp_ms: int = 0) -> None:
         """A record handled without buffering (dead-lettered): it no longer holds the watermark."""
-        self._seen(topic, offset)
+        self._seen(topic, offset, timestamp_ms)
 
-    def _seen(self, topic: str, offset: int) -> None:
+    def _seen(self, topic: str, offset: int, timestamp_ms: int) -> None:
         if offset + 1 > self.next_offsets.get(topic, 0):
             self.next_offsets[topic] = offset + 1
+        if timestamp_ms > self.stream_time.get(topic, -1):
+            self.stream_time[topic] = timestamp_ms
 
     def _closed(self, group_id: str) -> str | None:
         if group_id in self.published:
@@ -81,7 +84,7 @@ class PartitionBuffer:
 
     def add_receipt(self, item: ReceiptItem, now_ms: int) -> str:
         pos = item.position
-        self._seen(pos.topic, pos.offset)
+        self._seen(pos.topic, pos.offset, pos.timestamp_ms)
         closed = self._closed(item.group_id)
         if closed:
             return self._count(closed, "receipt")
@@ -102,7 +105,7 @@ class PartitionBuffer:
 
     def add_staged(self, item: StagedItem, now_ms: int) -> str:
         pos = item.position
-        self._seen(pos.topic, pos.offset)
+        self._seen(pos.topic, pos.offset, pos.timestamp_ms)
         closed = self._closed(item.group_id)
         if closed:
             return self._count(closed, "staged")
@@ -130,9 +133,23 @@ class PartitionBuffer:
         return outcome
 
     # -- readiness -------------------------------------------------------------------------
-    def take_ready(self, now_ms: int) -> tuple[list[tuple[GroupState, str]], list[GroupState]]:
+    def deadline_actionable(self, deadline_ms: int, now_ms: int, caught_up: dict | None) -> bool:
+        """A deadline fires on the wall clock only once both input topics have been read past
+        it (a record stamped at or after it was seen) or are read to their end. Otherwise a
+        stage catching up after downtime would finalize groups before reading their staged
+        calls, which sit further along the other topic."""
+        if now_ms < deadline_ms:
+            return False
+        if caught_up is None:
+            return True
+        return all(caught_up.get(topic, False) or self.stream_time.get(topic, -1) >= deadline_ms
+                   for topic in (self.receipts_topic, self.staged_topic))
+
+    def take_ready(self, now_ms: int, caught_up: dict | None = None
+                   ) -> tuple[list[tuple[GroupState, str]], list[GroupState]]:
         """Groups to finalize now (complete first, then past deadline) and expired orphans
-        (deadline passed with staged calls but no receipt: there is no N to publish)."""
+        (deadline passed with staged calls but no receipt: there is no N to publish).
+        ``caught_up``: topic -> whether this partition of it is read to its end (None: assume so)."""
         ready: list[tuple[GroupState, str]] = []
         for group_id in sorted(self._complete):
             group = self.groups[group_id]
@@ -140,7 +157,7 @@ class PartitionBuffer:
             ready.append((group, COMPLETE))
         self._complete.clear()
         orphans: list[GroupState] = []
-        while self._deadlines and self._deadlines[0][0] <= now_ms:
+        while self._deadlines and self.deadline_actionable(self._deadlines[0][0], now_ms, caught_up):
             _, group_id = heapq.heappop(self._deadlines)
             group = self.groups.get(group_id)
             if group is None or group.status != OPEN:
@@ -185,10 +202,12 @@ class PartitionBuffer:
         self.published[group_id] = Published(dict(max_offsets), published_at_ms, from_ledger=True)
 
     # -- offsets ---------------------------------------------------------------------------
-    def committable(self, topic: str, committed: int | None = None) -> int | None:
+    def committable(self, topic: str, committed: int | None = None, *, excluding=()) -> int | None:
         """The lowest offset an unpublished group still needs, else one past the last record
-        seen; never below what is already committed. None if nothing was seen."""
-        needed = [g.min_offsets[topic] for g in self.groups.values() if topic in g.min_offsets]
+        seen; never below what is already committed. None if nothing was seen. ``excluding``:
+        groups being published in the same transaction (they no longer hold the watermark)."""
+        needed = [g.min_offsets[topic] for g in self.groups.values()
+                  if topic in g.min_offsets and g.group_id not in excluding]
         candidate = min(needed) if needed else self.next_offsets.get(topic)
         if candidate is None:
             return committed

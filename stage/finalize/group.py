@@ -78,6 +78,8 @@ class FinalizedGroup:
     dropped: bool = False
     drop_reason: str | None = None
     routed_experts: torch.Tensor | None = None  # direct mode group tensor [n, max_len, L, K]
+    # (row_index, rollout_id, reason) of every rejected rollout, kept even when the group drops
+    rejections: list = field(default_factory=list)
 
 
 class GroupFinalizer(RolloutFinalizer):
@@ -100,6 +102,7 @@ class GroupFinalizer(RolloutFinalizer):
         for part in ("verify", "routes"):  # the per-rollout split of rollouts_ms
             metrics[f"row_assembly/{part}_ms"] = sum(r.timings_ms.get(part, 0.0) for r in rows)
         valid_rows = [row for row in rows if row.valid]
+        rejections = [(i, r.rollout_id, r.rejection_reason) for i, r in enumerate(rows) if not r.valid]
         all_keys = [key for row in rows for key in row.staging_keys]
         metrics.update(self._group_metrics(rows, receipts))
         min_wv = min((r.min_wv for r in valid_rows), default=fallback_weight_version)
@@ -110,7 +113,7 @@ class GroupFinalizer(RolloutFinalizer):
         if cfg.direct_routes and not valid_rows and self.dims_cache.dims is None:
             metrics["finalize/group_dropped"] = 1.0
             return FinalizedGroup(group_id, [], min_wv, max_wv, [], all_keys, 0, metrics, 0, 0,
-                                  dropped=True, drop_reason=DROP_NO_ROUTE_DIMS)
+                                  dropped=True, drop_reason=DROP_NO_ROUTE_DIMS, rejections=rejections)
         sample_ids = [f"{group_id}_g{i}" for i in range(n)]
         if canonical_sample_ids is not None and list(canonical_sample_ids) != sample_ids:
             raise ValueError("canonical sample ids must equal the stable logical rollout ids: "
@@ -141,7 +144,7 @@ class GroupFinalizer(RolloutFinalizer):
             staging_keys=all_keys if cfg.router_replay and cfg.defer_routes else [],
             cleanup_staging_keys=all_keys, canonical_output_tokens=output_tokens,
             metrics=metrics, valid_row_count=len(valid_rows), total_row_count=n,
-            routed_experts=group_routes)
+            routed_experts=group_routes, rejections=rejections)
 
     # -- metrics -----------------------------------------------------------------------------
     @staticmethod

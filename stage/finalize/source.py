@@ -60,8 +60,9 @@ class StagedRow:
             return None
         if self.routes is None:
             raise KeyError("staged row metadata names routed_experts but its field is absent")
-        boundary = None if self.boundary_routes is None else torch.from_numpy(self.boundary_routes)
-        return RouteFragment(routes=torch.from_numpy(self.routes), encoding=self.route_encoding,
+        # copies: staged arrays may be read-only views of the wire buffer
+        boundary = None if self.boundary_routes is None else torch.tensor(self.boundary_routes)
+        return RouteFragment(routes=torch.tensor(self.routes), encoding=self.route_encoding,
                              extras_metadata_json=self.extras_metadata_json,
                              boundary_routes=boundary)
 

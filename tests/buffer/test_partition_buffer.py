@@ -170,3 +170,37 @@ def test_arrival_order_does_not_matter(order):
         else:
             b.add_receipt(receipt("g", value, i, keys=[f"k{value}"]), 0)
     assert [why for _, why in b.take_ready(0)[0]] == [COMPLETE]
+
+
+def test_groups_published_in_the_same_transaction_release_the_watermark():
+    b = buffer()
+    b.add_receipt(receipt("a", 0, 5, size=1), 0)
+    b.add_receipt(receipt("b", 0, 6, size=2), 0)
+    assert b.committable(R, excluding={"a"}) == 6
+    assert b.committable(R, excluding={"a", "b"}) == 7
+    assert b.committable(R) == 5
+
+
+def test_deadline_waits_while_the_stage_catches_up_on_the_other_topic():
+    # After downtime every deadline is in the past; receipts are read first. The group must not
+    # fire before the staged-calls topic was read past its deadline (or to its end).
+    clock = ManualClock(100_000)
+    b = buffer(timeout_ms=1000)
+    b.add_receipt(receipt("g", 0, 0, keys=["k"], size=1, ts=10_000), clock.now_ms())
+    b.add_receipt(receipt("h", 0, 1, keys=["hk"], size=1, ts=20_000), clock.now_ms())
+    lagging = {R: True, S: False}
+    assert b.take_ready(clock.now_ms(), lagging) == ([], [])
+    b.add_staged(staged("x", "other", 0, ts=10_500), clock.now_ms())       # still before 11_000
+    assert b.take_ready(clock.now_ms(), lagging)[0] == []
+    b.add_staged(staged("g", "k", 1, ts=10_900), clock.now_ms())           # completes g
+    assert [g.group_id for g, _ in b.take_ready(clock.now_ms(), lagging)[0]] == ["g"]
+    b.add_staged(staged("y", "z", 2, ts=30_000), clock.now_ms())           # read past h's deadline
+    ready, _ = b.take_ready(clock.now_ms(), lagging)
+    assert [(g.group_id, why) for g, why in ready] == [("h", DEADLINE)]
+
+
+def test_caught_up_topics_let_deadlines_fire_with_no_traffic():
+    b = buffer(timeout_ms=1000)
+    b.add_receipt(receipt("g", 0, 0, keys=["k"], size=1, ts=0), 0)
+    assert b.take_ready(5000, {R: True, S: False})[0] == []
+    assert [why for _, why in b.take_ready(5000, {R: True, S: True})[0]] == [DEADLINE]

@@ -1,0 +1,73 @@
+"""Domain objects -> the Avro dicts of the input topics (what producers publish).
+
+Used by the producer SDK, the Gym bridge and the tests. Token ids travel as uint32 when they
+fit (vocabularies do), else uint64; masks and log-probs as float32, the width NeMo RL stages and
+the digest binds (Gym hashes their float32 images).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from stage.contract import RolloutReceipt, StagedCallRecord
+from stage.finalize import StagedRow, staged_row_from_record
+from stage.wire import pack_tensor
+
+_U32_MAX = np.iinfo(np.uint32).max
+
+
+def _token_tensor(ids: np.ndarray) -> dict:
+    ids = np.asarray(ids, dtype=np.uint64)
+    narrow = ids.size == 0 or int(ids.max()) <= _U32_MAX
+    return pack_tensor(ids.astype(np.uint32) if narrow else ids)
+
+
+def staged_call_value(group_id: str, row: StagedRow) -> dict:
+    s = row.snapshot
+    value = {
+        "group_id": group_id, "staging_key": row.staging_key,
+        "schema_version": s.schema_version, "digest_version": s.digest_version,
+        "extras_digest_version": s.extras_digest_version, "rollout_id": s.rollout_id,
+        "model_call_id": s.model_call_id, "parent_call_id": s.parent_call_id, "mode": s.mode,
+        "prev_len": s.prev_len, "delta_len": s.delta_len, "cum_len": s.cum_len,
+        "weight_version": s.weight_version, "digest": s.digest,
+        "token_ids_delta": _token_tensor(s.token_ids_delta),
+        "token_mask_delta": pack_tensor(np.asarray(s.token_mask_delta, dtype=np.float32)),
+        "generation_log_probs_delta": pack_tensor(np.asarray(s.generation_log_probs_delta, dtype=np.float32)),
+        "extras_digest": s.extras_digest, "chain_hash": s.chain_hash,
+        "cumulative_hash": s.cumulative_hash, "route_encoding": row.route_encoding,
+        "routed_experts": None if row.routes is None else pack_tensor(row.routes),
+        "routed_experts_boundary": None if row.boundary_routes is None else pack_tensor(row.boundary_routes),
+        "extras_metadata_json": row.extras_metadata_json.decode("utf-8"),
+        "media": None, "topk": None,
+    }
+    if row.media is not None:
+        value["media"] = {"imgs": pack_tensor(row.media.imgs), "imgs_sizes": pack_tensor(row.media.imgs_sizes),
+                          "num_frames": None if row.media.num_frames is None else pack_tensor(row.media.num_frames)}
+    if row.topk is not None:
+        value["topk"] = {"ids": pack_tensor(row.topk.ids), "logprobs": pack_tensor(row.topk.logprobs)}
+    return value
+
+
+def staged_call_from_record(group_id: str, record: StagedCallRecord, *, media=None, topk=None) -> dict:
+    """A validated Gym StagedCallRecord (with extras) -> StagedCall value."""
+    return staged_call_value(group_id, staged_row_from_record(record, media=media, topk=topk))
+
+
+def receipt_event(*, group_id: str, rollout_id: str, rollout_index: int, group_size: int,
+                  prompt_idx: int, reward: float, receipt: RolloutReceipt | dict | None,
+                  mask_sample: bool = False, loss_multiplier: float = 1.0,
+                  fallback_weight_version: int = 0, canonical_sample_id: str | None = None,
+                  labels=(), result_stats=()) -> dict:
+    """A ReceiptEvent value; ``receipt=None`` publishes a missing-receipt event."""
+    body = receipt.to_json() if isinstance(receipt, RolloutReceipt) else receipt
+    return {
+        "group_id": group_id, "rollout_id": rollout_id, "rollout_index": rollout_index,
+        "group_size": group_size, "prompt_idx": prompt_idx, "reward": float(reward),
+        "mask_sample": bool(mask_sample), "loss_multiplier": float(loss_multiplier),
+        "fallback_weight_version": int(fallback_weight_version),
+        "canonical_sample_id": canonical_sample_id,
+        "labels": [{"scope": scope, "name": name} for scope, name in labels],
+        "result_stats": [{"field": f, "sum": float(total), "count": int(count)} for f, total, count in result_stats],
+        "receipt": body,
+    }

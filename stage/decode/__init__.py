@@ -1,0 +1,9 @@
+"""Input records -> buffer items (intake) and staged rows (at finalization). Anything that
+cannot be decoded raises DecodeError and is dead-lettered with its original bytes."""
+
+from stage.decode.errors import DecodeError
+from stage.decode.limits import InputLimits
+from stage.decode.receipts import receipt_item
+from stage.decode.staged import staged_item, staged_row
+
+__all__ = ["DecodeError", "InputLimits", "receipt_item", "staged_item", "staged_row"]

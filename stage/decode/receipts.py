@@ -1,0 +1,52 @@
+"""ReceiptEvent (Avro dict) -> ReceiptItem. Structural checks only: a receipt that is
+well-formed on the wire but fails Gym's rules becomes a placeholder row later (invalid_receipt),
+not a dead letter."""
+
+from __future__ import annotations
+
+import math
+
+from stage.buffer import Position, ReceiptItem
+from stage.decode.errors import DecodeError
+from stage.decode.limits import InputLimits
+
+
+def _identifier(value, field: str, limits: InputLimits) -> str:
+    if not isinstance(value, str) or not value:
+        raise DecodeError("must be a non-empty string", field=field)
+    if len(value) > limits.max_id_chars:
+        raise DecodeError(f"longer than {limits.max_id_chars} characters", field=field)
+    return value
+
+
+def receipt_item(record: dict, position: Position, nbytes: int,
+                 limits: InputLimits = InputLimits()) -> ReceiptItem:
+    group_id = _identifier(record.get("group_id"), "group_id", limits)
+    rollout_id = _identifier(record.get("rollout_id"), "rollout_id", limits)
+    size, index = record.get("group_size"), record.get("rollout_index")
+    if not isinstance(size, int) or not 0 < size <= limits.max_group_size:
+        raise DecodeError(f"must be in 1..{limits.max_group_size}, got {size!r}", field="group_size")
+    if not isinstance(index, int) or not 0 <= index < size:
+        raise DecodeError(f"must be in 0..{size - 1}, got {index!r}", field="rollout_index")
+    for name in ("reward", "loss_multiplier"):
+        if not math.isfinite(record.get(name, 0.0)):
+            raise DecodeError("must be finite", field=name)
+    receipt = record.get("receipt")
+    if receipt is not None:
+        manifest = receipt.get("manifest", [])
+        if len(manifest) > limits.max_manifest_calls:
+            raise DecodeError(f"names {len(manifest)} calls, more than {limits.max_manifest_calls}",
+                              field="receipt.manifest")
+    canonical = record.get("canonical_sample_id")
+    expected = f"{group_id}_g{index}"
+    if canonical is not None and canonical != expected:
+        raise DecodeError(f"must be {expected!r}, got {canonical!r}", field="canonical_sample_id")
+    return ReceiptItem(
+        group_id=group_id, rollout_id=rollout_id, rollout_index=index, group_size=size,
+        prompt_idx=record["prompt_idx"], reward=float(record["reward"]), receipt=receipt,
+        position=position, nbytes=nbytes, mask_sample=bool(record.get("mask_sample", False)),
+        loss_multiplier=float(record.get("loss_multiplier", 1.0)),
+        fallback_weight_version=int(record.get("fallback_weight_version", 0)),
+        canonical_sample_id=canonical,
+        labels=tuple((label["scope"], label["name"]) for label in record.get("labels", ())),
+        result_stats=tuple((s["field"], s["sum"], s["count"]) for s in record.get("result_stats", ())))

@@ -1,0 +1,173 @@
+"""Publishing a batch of finalized groups together with the input offsets they cover.
+
+Exactly-once: one Kafka transaction per batch holds the output records, a ledger entry per
+group, dead letters and tombstones, and the committable input offsets
+(``send_offsets_to_transaction`` with the consumer's group metadata, KIP-447). Errors follow
+the three-way taxonomy: retriable -> retry the same call; abortable -> abort, the caller
+rewinds and rebuilds; fatal (fenced, ...) -> stop and let the supervisor restart.
+At-least-once: produce, wait for every delivery, then commit the offsets.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+from confluent_kafka import KafkaException, Producer, TopicPartition
+
+logger = logging.getLogger(__name__)
+
+
+class PublishAborted(RuntimeError):
+    """The batch was not published; rewind to the committed offsets and rebuild."""
+
+
+class StageFatal(RuntimeError):
+    """The producer is fenced or broken; the process must stop."""
+
+
+@dataclass(eq=False)
+class Batch:
+    records: list = field(default_factory=list)   # (topic, partition|None, key bytes, value|None, headers)
+    offsets: list = field(default_factory=list)   # TopicPartition(topic, partition, next offset)
+
+    def __bool__(self) -> bool:
+        return bool(self.records or self.offsets)
+
+
+def _call(what: str, fn, *args, attempts: int = 5):
+    for attempt in range(attempts):
+        try:
+            return fn(*args)
+        except KafkaException as e:
+            err = e.args[0]
+            if err.retriable() and attempt + 1 < attempts:
+                logger.warning("%s: retriable error %s; retrying", what, err)
+                time.sleep(0.1 * (attempt + 1))
+                continue
+            raise
+
+
+def _classify(e: KafkaException) -> Exception:
+    err = e.args[0]
+    if err.fatal():
+        return StageFatal(f"fatal producer error: {err}")
+    if err.txn_requires_abort():
+        return PublishAborted(f"transaction must abort: {err}")
+    if err.retriable():
+        return PublishAborted(f"retriable error persisted: {err}")
+    return StageFatal(f"unclassified transaction error: {err}")
+
+
+class TransactionalPublisher:
+    def __init__(self, producer: Producer, timeout_s: float = 60.0) -> None:
+        self.producer = producer
+        self.timeout_s = timeout_s
+        self.committed = 0
+        self.aborted = 0
+
+    def start(self) -> None:
+        _call("init_transactions", self.producer.init_transactions, self.timeout_s)
+
+    def publish(self, batch: Batch, consumer) -> None:
+        if not batch:
+            return
+        try:
+            _call("begin_transaction", self.producer.begin_transaction)
+            for topic, partition, key, value, headers in batch.records:
+                self._produce(topic, partition, key, value, headers)
+            if batch.offsets:
+                _call("send_offsets_to_transaction", self.producer.send_offsets_to_transaction,
+                      batch.offsets, consumer.consumer_group_metadata(), self.timeout_s)
+            _call("commit_transaction", self.producer.commit_transaction, self.timeout_s)
+            self.committed += 1
+        except KafkaException as e:
+            error = _classify(e)
+            if isinstance(error, PublishAborted):
+                self.abort()
+            raise error from e
+        except BufferError as e:
+            self.abort()
+            raise PublishAborted(f"producer queue full: {e}") from e
+
+    def _produce(self, topic, partition, key, value, headers) -> None:
+        kwargs = {"key": key, "value": value, "headers": headers}
+        if partition is not None:
+            kwargs["partition"] = partition
+        while True:
+            try:
+                self.producer.produce(topic, **kwargs)
+                break
+            except BufferError:
+                self.producer.poll(0.05)  # drain delivery reports, then retry
+        self.producer.poll(0)
+
+    def abort(self) -> None:
+        try:
+            self.producer.abort_transaction(self.timeout_s)
+            self.aborted += 1
+        except KafkaException as e:
+            err = e.args[0]
+            if err.fatal():
+                raise StageFatal(f"abort failed fatally: {err}") from e
+            logger.warning("abort_transaction: %s", err)
+
+    def close(self) -> None:
+        self.producer.flush(self.timeout_s)
+
+
+class AtLeastOncePublisher:
+    """Produce, wait for every delivery report, then commit offsets (duplicates possible after
+    a crash between the two; the ledger still prevents republication of published groups)."""
+
+    def __init__(self, producer: Producer, timeout_s: float = 60.0) -> None:
+        self.producer = producer
+        self.timeout_s = timeout_s
+        self.committed = 0
+        self.aborted = 0
+
+    def start(self) -> None:
+        pass
+
+    def publish(self, batch: Batch, consumer) -> None:
+        if not batch:
+            return
+        failures: list = []
+
+        def report(err, msg):
+            if err is not None:
+                failures.append(err)
+
+        for topic, partition, key, value, headers in batch.records:
+            kwargs = {"key": key, "value": value, "headers": headers, "on_delivery": report}
+            if partition is not None:
+                kwargs["partition"] = partition
+            while True:
+                try:
+                    self.producer.produce(topic, **kwargs)
+                    break
+                except BufferError:
+                    self.producer.poll(0.05)
+        remaining = self.producer.flush(self.timeout_s)
+        if remaining or failures:
+            self.aborted += 1
+            raise PublishAborted(f"{remaining} undelivered, {len(failures)} failed: {failures[:3]}")
+        if batch.offsets:
+            try:
+                consumer.commit(offsets=batch.offsets, asynchronous=False)
+            except KafkaException as e:
+                self.aborted += 1
+                raise PublishAborted(f"offset commit failed: {e.args[0]}") from e
+        self.committed += 1
+
+    def abort(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.producer.flush(self.timeout_s)
+
+
+def offsets_of(committable: dict[tuple[str, int], int]) -> list[TopicPartition]:
+    return [TopicPartition(topic, partition, offset)
+            for (topic, partition), offset in sorted(committable.items())]

@@ -1,0 +1,62 @@
+"""confluent-kafka client configurations derived from the StageConfig.
+
+Sizing notes (why these values): a StagedCall with routes is delta_len x L x K values (an 8k
+token call of a 48-layer top-8 model is ~6 MB as int16), so fetch and message limits follow
+max_record_bytes; the transaction timeout must cover the worst finalize+publish, and
+max.poll.interval.ms must exceed the revoke budget plus a publish.
+"""
+
+from __future__ import annotations
+
+from stage.runtime.config import EXACTLY_ONCE, StageConfig
+
+
+def common(cfg: StageConfig) -> dict:
+    return {"bootstrap.servers": cfg.bootstrap_servers, **cfg.kafka}
+
+
+def consumer_config(cfg: StageConfig) -> dict:
+    fetch = max(cfg.max_record_bytes + (1 << 20), 52_428_800)
+    return {
+        **common(cfg),
+        "group.id": cfg.group_id,
+        "enable.auto.commit": False,
+        "auto.offset.reset": "earliest",
+        "isolation.level": "read_committed",
+        "partition.assignment.strategy": "cooperative-sticky",
+        "max.poll.interval.ms": cfg.max_poll_interval_ms,
+        "fetch.max.bytes": fetch,
+        "max.partition.fetch.bytes": cfg.max_record_bytes + (1 << 20),
+        "receive.message.max.bytes": fetch + 1_000_000,
+        "enable.partition.eof": False,
+        **cfg.consumer,
+    }
+
+
+def producer_config(cfg: StageConfig) -> dict:
+    conf = {
+        **common(cfg),
+        "enable.idempotence": True,
+        "acks": "all",
+        "linger.ms": 5,
+        "message.max.bytes": max(cfg.max_record_bytes + (1 << 20), 1_000_000),
+        "queue.buffering.max.kbytes": 2_097_151,
+        **cfg.producer,
+    }
+    if cfg.processing == EXACTLY_ONCE:
+        conf["transactional.id"] = cfg.effective_transactional_id
+        conf["transaction.timeout.ms"] = cfg.transaction_timeout_ms
+    return conf
+
+
+def reader_config(cfg: StageConfig, group_suffix: str) -> dict:
+    """A group-less reader (ledger reload): assign-only, read_committed, never commits."""
+    return {
+        **common(cfg),
+        "group.id": f"{cfg.group_id}.{group_suffix}",
+        "enable.auto.commit": False,
+        "isolation.level": "read_committed",
+        "enable.partition.eof": True,
+        "auto.offset.reset": "earliest",
+        **cfg.consumer,
+    }

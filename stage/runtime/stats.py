@@ -1,0 +1,39 @@
+"""Runtime counters and gauges, kept as plain numbers; observability exports them."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+
+
+class RuntimeStats:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.counters: Counter = Counter()
+        self.gauges: dict[str, float] = {}
+        self.observations: dict[str, list[float]] = {}
+        self.last_loop_at = time.monotonic()
+
+    def inc(self, name: str, value: float = 1.0, **labels) -> None:
+        key = (name, tuple(sorted(labels.items())))
+        with self._lock:
+            self.counters[key] += value
+
+    def set(self, name: str, value: float) -> None:
+        self.gauges[name] = value
+
+    def observe(self, name: str, value: float) -> None:
+        with self._lock:
+            self.observations.setdefault(name, []).append(value)
+            if len(self.observations[name]) > 10_000:
+                del self.observations[name][:5_000]
+
+    def count(self, name: str, **labels) -> float:
+        return self.counters[(name, tuple(sorted(labels.items())))]
+
+    def total(self, name: str) -> float:
+        return sum(v for (n, _), v in self.counters.items() if n == name)
+
+    def heartbeat(self) -> None:
+        self.last_loop_at = time.monotonic()

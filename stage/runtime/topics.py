@@ -1,0 +1,66 @@
+"""Topic layout checks and creation. Every topic is keyed by group_id and co-partitioned: a
+group's receipts, staged calls, outputs and ledger entry share one partition number."""
+
+from __future__ import annotations
+
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from stage.runtime.config import StageConfig
+
+# Topics whose partition counts must all be equal (the dead-letter topic is exempt).
+COPARTITIONED = ("receipts", "staged_calls", "canonical_rows", "route_plans", "finalized_groups",
+                 "stage_ledger")
+
+
+class TopologyError(RuntimeError):
+    pass
+
+
+def partition_counts(admin: AdminClient, names: list[str], timeout: float = 10.0) -> dict[str, int | None]:
+    metadata = admin.list_topics(timeout=timeout)
+    out = {}
+    for name in names:
+        topic = metadata.topics.get(name)
+        out[name] = None if topic is None or topic.error is not None else len(topic.partitions)
+    return out
+
+
+def check_copartitioning(admin: AdminClient, cfg: StageConfig) -> int:
+    """Refuse to start unless every co-partitioned topic exists with the same partition count."""
+    names = {role: getattr(cfg.topics, role) for role in COPARTITIONED}
+    counts = partition_counts(admin, list(names.values()) + [cfg.topics.dead_letter])
+    missing = [f"{role} ({name})" for role, name in names.items() if counts[name] is None]
+    if counts[cfg.topics.dead_letter] is None:
+        missing.append(f"dead_letter ({cfg.topics.dead_letter})")
+    if missing:
+        raise TopologyError("missing topics: " + ", ".join(missing)
+                            + "; create them with `rollout-reassembler topics create`")
+    distinct = {counts[name] for name in names.values()}
+    if len(distinct) != 1:
+        layout = ", ".join(f"{name}={counts[name]}" for name in names.values())
+        raise TopologyError(
+            "input, output and ledger topics must have the same number of partitions "
+            f"(co-partitioned by group_id), got {layout}")
+    return distinct.pop()
+
+
+def topic_specs(cfg: StageConfig, partitions: int, replication: int, max_message_bytes: int) -> list[NewTopic]:
+    big = {"max.message.bytes": str(max_message_bytes)}
+    specs = [NewTopic(getattr(cfg.topics, role), partitions, replication,
+                      config=({"cleanup.policy": "compact"} if role == "stage_ledger" else dict(big)))
+             for role in COPARTITIONED]
+    specs.append(NewTopic(cfg.topics.dead_letter, partitions, replication, config=dict(big)))
+    return specs
+
+
+def create_topics(admin: AdminClient, cfg: StageConfig, *, partitions: int, replication: int = 1,
+                  max_message_bytes: int = 64 << 20, timeout: float = 30.0) -> list[str]:
+    """Create whatever is missing; returns the names created. Existing topics are left alone."""
+    existing = admin.list_topics(timeout=timeout).topics
+    specs = [s for s in topic_specs(cfg, partitions, replication, max_message_bytes)
+             if s.topic not in existing]
+    if not specs:
+        return []
+    for future in admin.create_topics(specs, operation_timeout=timeout).values():
+        future.result()
+    return [s.topic for s in specs]

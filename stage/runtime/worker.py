@@ -1,0 +1,103 @@
+"""One finalization task: a taken group -> encoded output records (runs in a worker thread)."""
+
+from __future__ import annotations
+
+import logging
+import time
+import traceback
+from dataclasses import dataclass, field
+
+from stage.buffer import DEADLINE, GroupState
+from stage.decode import InputLimits
+from stage.finalize import FinalizedGroup, GroupFinalizer, ReassemblyConfig
+from stage.publish.records import (
+    DROPPED,
+    GroupContext,
+    ledger_record,
+    output_digest,
+    plan_record,
+    row_record,
+    summary_record,
+)
+from stage.routes import RouteDimsCache
+from stage.runtime.source import BufferTokenSource
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class Outputs:
+    """Encoded records of one group, ready for a transaction."""
+
+    partition: int
+    group_id: str
+    epoch: int                       # assignment epoch of its partition when it was taken
+    context: GroupContext
+    records: list = field(default_factory=list)   # (topic, value bytes)
+    ledger_value: bytes = b""
+    outcome: str = ""
+    valid_rows: int = 0
+    total_rows: int = 0
+    rejections: list = field(default_factory=list)
+    finalize_s: float = 0.0
+    error: str | None = None
+    metrics: dict = field(default_factory=dict)
+    ready_at: float = 0.0
+
+
+def context_of(group: GroupState, why: str, topics) -> GroupContext:
+    any_receipt = next(iter(group.receipts.values()))
+    return GroupContext(
+        group_id=group.group_id, partition=group.partition, group_size=group.group_size,
+        prompt_idx=any_receipt.prompt_idx, outcome=why, first_timestamp_ms=group.first_timestamp_ms,
+        last_timestamp_ms=group.last_timestamp_ms, max_offsets=dict(group.max_offsets),
+        staged_positions={k: item.position for k, item in group.staged.items()})
+
+
+def finalize_and_encode(group: GroupState, why: str, epoch: int, *, config: ReassemblyConfig,
+                        dims_cache: RouteDimsCache, codecs, topics, limits: InputLimits,
+                        now_ms) -> Outputs:
+    ctx = context_of(group, why, topics)
+    out = Outputs(group.partition, group.group_id, epoch, ctx)
+    started = time.perf_counter()
+    n = group.group_size
+    receipts = [group.receipts.get(i) for i in range(n)]
+    present = [r for r in receipts if r is not None]
+    first = present[0]
+    rollout_ids = [r.rollout_id if r else f"{group.group_id}_g{i}" for i, r in enumerate(receipts)]
+    source = BufferTokenSource(group.staged, partition_name=topics.staged_calls, limits=limits)
+    finalizer = GroupFinalizer(source, config, dims_cache)
+    try:
+        result = finalizer.finalize_group(
+            group.group_id, rollout_ids, [r.receipt if r else None for r in receipts],
+            [r.reward if r else 0.0 for r in receipts],
+            mask_sample=[r.mask_sample if r else False for r in receipts],
+            fallback_weight_version=first.fallback_weight_version, prompt_idx=first.prompt_idx,
+            loss_multiplier=first.loss_multiplier, group_labels=first.labels,
+            result_stats=first.result_stats)
+    except Exception as error:  # noqa: BLE001 - a group that cannot be finalized is dropped, visibly
+        logger.error("group %s could not be finalized: %s", group.group_id, traceback.format_exc())
+        out.error = f"finalize_error: {type(error).__name__}: {error}"
+        result = FinalizedGroup(group.group_id, [], first.fallback_weight_version,
+                                first.fallback_weight_version, [], [], 0, {}, 0, 0,
+                                dropped=True, drop_reason=out.error)
+    out.finalize_s = time.perf_counter() - started
+    encoded_rows = [codecs["CanonicalRow"].encode(row_record(row)) for row in result.rows]
+    out.records = [(topics.canonical_rows, blob) for blob in encoded_rows]
+    if config.router_replay and config.defer_routes:
+        out.records += [(topics.route_plans, codecs["RoutePlan"].encode(plan_record(row, ctx.staged_positions)))
+                        for row in result.rows]
+    finalized_at = now_ms()
+    out.records.append((topics.finalized_groups,
+                        codecs["GroupSummary"].encode(summary_record(result, ctx, finalized_at))))
+    out.outcome = DROPPED if result.dropped else why
+    out.ledger_value = codecs["LedgerEntry"].encode(ledger_record(
+        ctx, out.outcome, topics.receipts, topics.staged_calls, finalized_at, output_digest(encoded_rows)))
+    out.valid_rows, out.total_rows = result.valid_row_count, result.total_row_count
+    out.rejections = [r.rejection_reason for r in result.rows if not r.valid]
+    out.metrics = result.metrics
+    out.ready_at = time.monotonic()
+    return out
+
+
+__all__ = ["DEADLINE", "Outputs", "context_of", "finalize_and_encode"]

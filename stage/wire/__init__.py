@@ -1,0 +1,37 @@
+"""Avro wire layer: the schemas of every topic, PackedTensor, and the record codec.
+
+No Kafka client here: bytes in, dicts out (and back), for the consumer loop, the producer
+SDK and the trainer-side reader alike.
+"""
+
+from .codec import (
+    DEFAULT_MAX_RECORD_BYTES,
+    SMALL_RECORD_MAX_BYTES,
+    AvroCodec,
+    default_max_record_bytes,
+)
+from .errors import RegistryError, WireError
+from .schemas import SCHEMAS_DIR_ENV, schema, schema_json, schema_names, schemas_dir
+from .tensors import STORAGE_DTYPES, pack_tensor, unpack_tensor, unpack_torch
+from .topics import (
+    CANONICAL_ROWS_TOPIC,
+    DEAD_LETTER_TOPIC,
+    FINALIZED_GROUPS_TOPIC,
+    RECEIPTS_TOPIC,
+    ROUTE_PLANS_TOPIC,
+    STAGE_LEDGER_TOPIC,
+    STAGED_CALLS_TOPIC,
+    TOPIC_RECORDS,
+    TopicNames,
+    value_subject,
+)
+
+__all__ = [
+    "AvroCodec", "DEFAULT_MAX_RECORD_BYTES", "SMALL_RECORD_MAX_BYTES", "default_max_record_bytes",
+    "RegistryError", "WireError",
+    "SCHEMAS_DIR_ENV", "schema", "schema_json", "schema_names", "schemas_dir",
+    "STORAGE_DTYPES", "pack_tensor", "unpack_tensor", "unpack_torch",
+    "RECEIPTS_TOPIC", "STAGED_CALLS_TOPIC", "CANONICAL_ROWS_TOPIC", "ROUTE_PLANS_TOPIC",
+    "FINALIZED_GROUPS_TOPIC", "DEAD_LETTER_TOPIC", "STAGE_LEDGER_TOPIC", "TOPIC_RECORDS",
+    "TopicNames", "value_subject",
+]

@@ -1,0 +1,130 @@
+"""``python -m stage.wire.bench``: Avro encode/decode throughput of the hot records.
+
+Cases (the figures in docs/schemas.md): a StagedCall with a 512-token delta (Gym's
+uint64/float64 columns, and compact uint32/float32 ones), the same with a 512x48x8 int16 route
+fragment, and a ReceiptEvent whose receipt names 32 calls. Each is
+timed through ``AvroCodec`` (validation and every decode check included) and through bare
+fastavro schemaless write/read, so the cost of the checks is visible. ``--json`` for a report.
+The record builders are reused by tests/wire/samples.py.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import platform
+import sys
+
+import numpy as np
+from fastavro import schemaless_reader, schemaless_writer
+
+from stage.bench.timing import time_per_call
+from stage.contract.producer import RolloutBuilder
+from stage.wire import AvroCodec, pack_tensor
+
+GROUP_ID = "g-000042"
+
+
+def staged_call_record(delta_len: int = 512, *, routes: tuple[int, int] | None = None,
+                       compact: bool = False, seed: int = 0) -> dict:
+    """StagedCall of a root call staged by Gym's producer rules (real digests and hashes);
+    ``routes=(L, K)`` attaches a delta_len x L x K int16 route fragment (nrlre1-encoded).
+    ``compact``: uint32 ids and float32 mask/logprobs instead of Gym's uint64/float64 (the
+    digests hash ids as u64 and floats as f32, so nothing they cover is lost)."""
+    rng = np.random.default_rng(seed)
+    prompt = delta_len // 2
+    call = RolloutBuilder("rollout-7").stage(
+        "call-0", parent_call_id=None, prompt_delta=rng.integers(0, 151_000, prompt),
+        generated=rng.integers(0, 151_000, delta_len - prompt),
+        generated_logprobs=-rng.random(delta_len - prompt), weight_version=17).record
+    record = {k: getattr(call, k) for k in (
+        "schema_version", "digest_version", "extras_digest_version", "rollout_id",
+        "model_call_id", "parent_call_id", "mode", "prev_len", "delta_len", "cum_len",
+        "weight_version", "digest", "extras_digest", "chain_hash", "cumulative_hash")}
+    ids, mask, lps = call.token_ids_delta, call.token_mask_delta, call.generation_log_probs_delta
+    if compact:
+        ids, mask, lps = ids.astype(np.uint32), mask.astype(np.float32), lps.astype(np.float32)
+    record.update(
+        group_id=GROUP_ID, staging_key=f"{call.rollout_id}/{call.model_call_id}",
+        token_ids_delta=pack_tensor(ids), token_mask_delta=pack_tensor(mask),
+        generation_log_probs_delta=pack_tensor(lps))
+    if routes is not None:
+        layers, k = routes
+        fragment = rng.integers(0, 128, (delta_len, layers, k)).astype(np.int16)
+        record.update(route_encoding=1, routed_experts=pack_tensor(fragment),
+                      extras_metadata_json='{"routed_experts_boundary_index":null}')
+    return record
+
+
+def receipt_event_record(calls: int = 32, *, rollout_index: int = 3, group_size: int = 8,
+                         seed: int = 0) -> dict:
+    """ReceiptEvent whose Gym receipt names a ``calls``-long chain of staged calls."""
+    rng = np.random.default_rng(seed)
+    builder = RolloutBuilder(f"rollout-{rollout_index}")
+    parent = None
+    for i in range(calls):
+        builder.stage(f"call-{i}", parent_call_id=parent,
+                      prompt_delta=rng.integers(0, 151_000, 64), generated=rng.integers(0, 151_000, 32),
+                      generated_logprobs=-rng.random(32), weight_version=17 + i // 16,
+                      admitted_at=1.7e9 + i)
+        parent = f"call-{i}"
+    receipt = builder.receipt(parent, reward=0.75).to_json()
+    return {
+        "group_id": GROUP_ID, "rollout_id": receipt["rollout_id"], "rollout_index": rollout_index,
+        "group_size": group_size, "prompt_idx": 4242, "reward": 0.75, "mask_sample": False,
+        "loss_multiplier": 1.0, "fallback_weight_version": 17,
+        "canonical_sample_id": f"{GROUP_ID}_g{rollout_index}",
+        "labels": [{"scope": "task", "name": "math"}],
+        "result_stats": [{"field": "tool_calls", "sum": 31.0, "count": 32}],
+        "receipt": receipt,
+    }
+
+
+def _case(name: str, schema_name: str, record: dict) -> dict:
+    codec = AvroCodec(schema_name)
+    data = codec.encode(record)
+
+    def raw_write():
+        schemaless_writer(io.BytesIO(), codec.schema, record)
+
+    row = {"case": name, "bytes": len(data)}
+    for label, fn in (("encode", lambda: codec.encode(record)), ("decode", lambda: codec.decode(data)),
+                      ("raw_write", raw_write),
+                      ("raw_read", lambda: schemaless_reader(io.BytesIO(data), codec.schema, None))):
+        t = time_per_call(fn, min_seconds=0.4)["median_s"]
+        row[f"{label}_us"] = t * 1e6
+        row[f"{label}_per_s"] = 1 / t
+        row[f"{label}_MBps"] = len(data) / t / 1e6
+    return row
+
+
+def run() -> list[dict]:
+    return [
+        _case("StagedCall, 512-token delta", "StagedCall", staged_call_record(512)),
+        _case("StagedCall, 512-token delta, compact dtypes", "StagedCall",
+              staged_call_record(512, compact=True)),
+        _case("StagedCall, 512-token delta + 512x48x8 int16 routes", "StagedCall",
+              staged_call_record(512, routes=(48, 8))),
+        _case("ReceiptEvent, 32-call manifest", "ReceiptEvent", receipt_event_record(32)),
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    rows = run()
+    if "--json" in (argv if argv is not None else sys.argv[1:]):
+        print(json.dumps(rows, indent=2))
+        return 0
+    print(f"# Python {platform.python_version()}, {platform.machine()}, one thread, median of 5 rounds")
+    print("| case | bytes | encode us (rec/s, MB/s) | decode us (rec/s, MB/s) "
+          "| bare fastavro write / read us |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['case']} | {r['bytes']:,} "
+              f"| {r['encode_us']:.1f} ({r['encode_per_s']:,.0f}, {r['encode_MBps']:,.0f}) "
+              f"| {r['decode_us']:.1f} ({r['decode_per_s']:,.0f}, {r['decode_MBps']:,.0f}) "
+              f"| {r['raw_write_us']:.1f} / {r['raw_read_us']:.1f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,28 @@
+"""The one exception type of the wire layer.
+
+Everything that rejects bytes or a record raises ``WireError`` (a ``ValueError``), so the
+consumer loop has exactly one thing to catch before routing a record to the dead-letter topic.
+"""
+
+from __future__ import annotations
+
+
+class WireError(ValueError):
+    """Bytes or a record do not satisfy the wire contract. ``field`` is the path when known."""
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(f"{field}: {message}" if field else message)
+        self.field = field
+        self.reason = message
+
+
+class RegistryError(WireError):
+    """The Schema Registry could not answer for a schema id or subject.
+
+    ``retriable`` is False when the registry said the schema does not exist (the record is
+    undecodable: dead-letter it) and True for outages (retry, do not dead-letter good data).
+    """
+
+    def __init__(self, message: str, *, retriable: bool) -> None:
+        super().__init__(message)
+        self.retriable = retriable
