@@ -17,6 +17,13 @@ def _parser() -> argparse.ArgumentParser:
     verify.add_argument("--json", action="store_true", help="print the report as JSON")
     verify.add_argument("--seconds", type=float, default=2.0,
                         help="measuring time per case (default 2.0)")
+    e2e = which.add_parser("e2e", help="stage vs passthrough throughput and latency on one broker")
+    e2e.add_argument("--json", action="store_true")
+    e2e.add_argument("--bootstrap-servers", help="default: start a local KRaft broker from the Kafka jars")
+    e2e.add_argument("--groups", type=int, default=300)
+    e2e.add_argument("--tokens", type=int, default=128, help="delta tokens per call")
+    e2e.add_argument("--layers", type=int, default=8, help="route layers (0 = no routes)")
+    e2e.add_argument("--latency-seconds", type=float, default=10.0)
     run = commands.add_parser("run", help="run the stage as a member of its Kafka consumer group")
     run.add_argument("--config", help="YAML config file (environment variables override it)")
     run.add_argument("--bootstrap-servers", help="overrides bootstrap_servers")
@@ -53,6 +60,11 @@ def main(argv: list[str] | None = None) -> int:
         from stage.bench.verify import run
         report = run(as_json=args.json, min_seconds=args.seconds)
         return 0 if report["meets_target"] else 1
+    if args.command == "bench" and args.bench == "e2e":
+        from stage.bench.e2e import run as run_e2e
+        report = run_e2e(bootstrap=args.bootstrap_servers, groups=args.groups, tokens=args.tokens,
+                         layers=args.layers, latency_seconds=args.latency_seconds, as_json=args.json)
+        return 0 if report["meets_targets"] else 1
     if args.command == "bench" and args.bench == "finalize":
         from stage.bench.finalize import run as run_finalize
         run_finalize(as_json=args.json, device=args.device, repeats=args.repeats, n=args.rollouts,

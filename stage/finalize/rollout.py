@@ -77,6 +77,9 @@ class RolloutFinalizer:
         self.source = source
         self.config = config or ReassemblyConfig()
         self.dims_cache = dims_cache or RouteDimsCache()
+        # True when the source builds every snapshot through validation (both in-tree sources
+        # do); verify_and_linearize then skips recomputing the call digests.
+        self.source_validates = bool(getattr(source, "validates_snapshots", False))
 
     def finalize_rollout(self, rollout_id: str, receipt, *, reward: float) -> FinalizedRollout:
         cfg = self.config
@@ -119,7 +122,9 @@ class RolloutFinalizer:
         if len(set(fetched_ids)) != len(fetched_ids):
             return _reject(rollout_id, reward, R.DUPLICATE_FETCHED_CALL_ID, keys, **info)
         try:
-            row = verify_and_linearize(parsed, [item.snapshot for item in fetched])
+            # Sources validate each snapshot as they build it (digest included): no second pass.
+            row = verify_and_linearize(parsed, [item.snapshot for item in fetched],
+                                       digests_verified=self.source_validates)
         except (KeyError, ValueError, TypeError, ReceiptVerificationError, RebuildError,
                 NotImplementedError) as error:
             return _reject(rollout_id, reward, R.reason(R.REBUILD_FAILED, error), keys, **info)

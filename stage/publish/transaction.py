@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 
 from confluent_kafka import KafkaException, Producer, TopicPartition
 
+from stage.runtime.faults import crash_point
+
 logger = logging.getLogger(__name__)
 
 
@@ -31,6 +33,8 @@ class StageFatal(RuntimeError):
 class Batch:
     records: list = field(default_factory=list)   # (topic, partition|None, key bytes, value|None, headers)
     offsets: list = field(default_factory=list)   # TopicPartition(topic, partition, next offset)
+    # The consumer's group metadata (KIP-447), taken on the loop thread when the batch is built.
+    group_metadata: object = None
 
     def __bool__(self) -> bool:
         return bool(self.records or self.offsets)
@@ -74,13 +78,19 @@ class TransactionalPublisher:
         if not batch:
             return
         try:
+            crash_point("before_begin")
             _call("begin_transaction", self.producer.begin_transaction)
             for topic, partition, key, value, headers in batch.records:
                 self._produce(topic, partition, key, value, headers)
+            self.producer.flush(self.timeout_s)
+            crash_point("after_produce")
             if batch.offsets:
                 _call("send_offsets_to_transaction", self.producer.send_offsets_to_transaction,
-                      batch.offsets, consumer.consumer_group_metadata(), self.timeout_s)
+                      batch.offsets, batch.group_metadata or consumer.consumer_group_metadata(),
+                      self.timeout_s)
+            crash_point("before_commit")
             _call("commit_transaction", self.producer.commit_transaction, self.timeout_s)
+            crash_point("after_commit")
             self.committed += 1
         except KafkaException as e:
             error = _classify(e)
@@ -153,9 +163,12 @@ class AtLeastOncePublisher:
         if remaining or failures:
             self.aborted += 1
             raise PublishAborted(f"{remaining} undelivered, {len(failures)} failed: {failures[:3]}")
+        crash_point("after_produce")
         if batch.offsets:
             try:
+                crash_point("before_commit")
                 consumer.commit(offsets=batch.offsets, asynchronous=False)
+                crash_point("after_commit")
             except KafkaException as e:
                 self.aborted += 1
                 raise PublishAborted(f"offset commit failed: {e.args[0]}") from e

@@ -43,7 +43,7 @@ class StageConfig:
     schema_registry_url: str = ""
     group_timeout_ms: int = 60_000            # deadline: first record timestamp + this
     late_retention_ms: int = 600_000          # remember published groups this long for late records
-    max_inflight_groups: int = 8              # finalizations running or waiting to publish
+    max_inflight_groups: int = 64             # finalizations running or waiting to publish
     finalize_workers: int = 2
     max_buffered_bytes: int = 2 << 30
     max_buffered_groups: int = 20_000

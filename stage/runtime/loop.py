@@ -87,6 +87,9 @@ class StageRuntime:
         self.consumer: Consumer | None = None
         self.publisher = None
         self.pool = ThreadPoolExecutor(cfg.finalize_workers, thread_name_prefix="finalize")
+        # One transaction at a time, off the loop thread: (future, outputs, batch) or None.
+        self.publish_pool = ThreadPoolExecutor(1, thread_name_prefix="publish")
+        self._flight = None
 
     # -- lifecycle -------------------------------------------------------------------------
     def stop(self) -> None:
@@ -134,6 +137,7 @@ class StageRuntime:
             logger.exception("fatal error during shutdown")
         finally:
             self.pool.shutdown(wait=False, cancel_futures=True)
+            self.publish_pool.shutdown(wait=True)
             self.publisher.close()
             self.consumer = None
 
@@ -227,6 +231,7 @@ class StageRuntime:
             self.inflight[(group.partition, group.group_id)] = future
 
     def _collect(self) -> None:
+        """Move finished finalizations to ``done`` (dropping results of revoked partitions)."""
         for key, future in list(self.inflight.items()):
             if future.done():
                 del self.inflight[key]
@@ -237,35 +242,69 @@ class StageRuntime:
 
     # -- publication -----------------------------------------------------------------------
     def _publish(self, force: bool = False) -> None:
+        """Keep one transaction in flight on the publisher thread while the loop goes on
+        consuming and finalizing; apply its outcome when it completes. ``force``: publish
+        everything finished now and wait (shutdown, revoke)."""
+        if self._flight is not None:
+            if not (force or self._flight[0].done()):
+                return
+            self._land(*self._flight)
+        while True:
+            batch = self._next_batch(force)
+            if batch is None:
+                return
+            future = self.publish_pool.submit(self._timed_publish, batch[1])
+            self._flight = (future, *batch)
+            if not force:
+                return
+            self._land(*self._flight)
+            if not self.done and not self.dead_letters and not self.tombstones:
+                return
+
+    def _next_batch(self, force: bool):
         oldest = min((o.ready_at for o in self.done), default=None)
         due = (force or len(self.done) >= self.cfg.publish_batch_groups or self.dead_letters
                or (oldest is not None and time.monotonic() - oldest >= self.cfg.publish_linger_ms / 1000)
                or (self._offsets_dirty and time.monotonic() - self._last_commit >= 1.0))
         if not due:
-            return
-        batch_outputs = self.done[:self.cfg.publish_batch_groups]
-        publishing = {(o.partition, o.group_id) for o in batch_outputs}
+            return None
+        outputs = self.done[:self.cfg.publish_batch_groups]
+        del self.done[:len(outputs)]
         batch = Batch()
-        for out in batch_outputs:
+        for out in outputs:
             key = out.group_id.encode("utf-8")
             for topic, value in out.records:
                 batch.records.append((topic, out.partition, key, value, None))
             batch.records.append((self.cfg.topics.stage_ledger, out.partition, key, out.ledger_value, None))
         batch.records.extend(self.dead_letters)
         batch.records.extend(self.tombstones)
-        batch.offsets = self._committable(publishing)
+        self.dead_letters, self.tombstones = [], []
+        batch.offsets = self._committable({(o.partition, o.group_id) for o in outputs})
+        batch.group_metadata = self.consumer.consumer_group_metadata()
+        self._offsets_dirty = False
+        if not batch:
+            return None
+        return outputs, batch
+
+    def _timed_publish(self, batch: Batch) -> float:
         started = time.monotonic()
+        self.publisher.publish(batch, self.consumer)
+        return time.monotonic() - started
+
+    def _land(self, future, outputs, batch) -> None:
+        """Apply a finished publication: mark its groups published, or rewind after an abort."""
+        self._flight = None
         try:
-            self.publisher.publish(batch, self.consumer)
+            seconds = future.result()
         except PublishAborted as error:
             logger.warning("publication aborted (%s); rewinding to the committed offsets", error)
             self.stats.inc("transactions_aborted")
             self._rewind()
             return
         self.stats.inc("transactions_committed")
-        self.stats.observe("publish_seconds", time.monotonic() - started)
+        self.stats.observe("publish_seconds", seconds)
         now = self.clock.now_ms()
-        for out in batch_outputs:
+        for out in outputs:
             buffer = self.buffers.get(out.partition)
             if buffer is not None and out.group_id in buffer.groups:
                 buffer.mark_published(out.group_id, now)
@@ -276,12 +315,8 @@ class StageRuntime:
                 self.stats.inc("rejections", bucket=(reason or "unknown").split(":", 1)[0])
             self.stats.observe("end_to_end_seconds",
                                max(0.0, (now - out.context.last_timestamp_ms) / 1000))
-        del self.done[:len(batch_outputs)]
-        self.dead_letters.clear()
-        self.tombstones.clear()
         self._remember_committed(batch.offsets)
         self._last_commit = time.monotonic()
-        self._offsets_dirty = False
 
     def _committable(self, publishing: set) -> list[TopicPartition]:
         """Per input partition, the lowest offset still needed once this batch is published."""

@@ -11,6 +11,8 @@ from stage.finalize.source import fetched_from_rows
 class BufferTokenSource:
     """Rows are converted (and validated, digests included) on first fetch, off the poll thread."""
 
+    validates_snapshots = True
+
     def __init__(self, staged: dict[str, StagedItem], *, partition_name: str,
                  limits: InputLimits = InputLimits()) -> None:
         self.staged = staged

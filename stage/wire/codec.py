@@ -90,6 +90,8 @@ class AvroCodec:
 
     def encode(self, record: Mapping[str, Any]) -> bytes:
         """Validated Avro bytes of ``record`` (fields with a default may be left out)."""
+        if not validate(record, self.schema, raise_errors=False):
+            raise self._record_error(record, None)
         out = io.BytesIO()
         if self.framing == "confluent":
             out.write(self._header or self._register())

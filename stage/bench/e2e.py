@@ -1,0 +1,279 @@
+"""``rollout-reassembler bench e2e``: the stage against a plain consume-and-produce passthrough of
+the same input bytes on the same broker, in one run, then latency at half of the stage's peak.
+
+1. passthrough: a transactional consume -> produce loop copying every input record (receipts and
+   staged calls) to an output topic, committing offsets in each transaction (like the stage);
+2. stage: StageRuntime over an identical, pre-filled topic set (peak throughput);
+3. latency: the stage running while groups arrive at half that peak rate; for each group the
+   time from its last input record being acknowledged to its last row being readable by a
+   read_committed consumer.
+Throughput counts input records (and bytes) from partition assignment to the last commit.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import statistics
+import threading
+import time
+import uuid
+
+import numpy as np
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from stage.client import receipt_event, staged_call_from_record
+from stage.contract import encode_routed_experts
+from stage.contract.producer import RolloutBuilder
+from stage.runtime.config import StageConfig
+from stage.runtime.loop import StageRuntime
+from stage.runtime.topics import create_topics
+from stage.wire import AvroCodec, TopicNames
+
+logger = logging.getLogger(__name__)
+
+
+def build_inputs(groups: int, n: int, calls: int, tokens: int, layers: int, topk: int, seed: int = 0):
+    """Pre-encoded input records: list per group of (topic role, key, value bytes)."""
+    rng = np.random.default_rng(seed)
+    receipt_codec, staged_codec = AvroCodec("ReceiptEvent"), AvroCodec("StagedCall")
+    out = []
+    for g in range(groups):
+        group_id = f"bench-{seed}-{g}"
+        staged, receipts = [], []
+        for i in range(n):
+            builder = RolloutBuilder(f"{group_id}-r{i}")
+            parent = None
+            for c in range(calls):
+                carry, gen = tokens // 2, tokens - tokens // 2
+                extras = {"routed_experts": encode_routed_experts(
+                    rng.integers(0, 127, (tokens, layers, topk)), "int8")} if layers else None
+                call = builder.stage(f"c{c}", parent_call_id=parent,
+                                     prompt_delta=rng.integers(0, 150_000, carry),
+                                     generated=rng.integers(0, 150_000, gen),
+                                     generated_logprobs=-rng.random(gen), weight_version=1, extras=extras)
+                staged.append(staged_codec.encode(staged_call_from_record(group_id, call.record)))
+                parent = f"c{c}"
+            receipts.append(receipt_codec.encode(receipt_event(
+                group_id=group_id, rollout_id=builder.rollout_id, rollout_index=i, group_size=n,
+                prompt_idx=g, reward=1.0, receipt=builder.receipt(parent))))
+        out.append((group_id, [("staged_calls", v) for v in staged] + [("receipts", v) for v in receipts]))
+    return out
+
+
+def _topics(tag: str) -> TopicNames:
+    return TopicNames(**{k: f"bench-{tag}.{v}" for k, v in TopicNames().all().items()})
+
+
+def _config(bootstrap: str, topics: TopicNames) -> StageConfig:
+    return StageConfig(bootstrap_servers=bootstrap, topics=topics, group_id=f"g-{topics.receipts}",
+                       transactional_id=f"tx-{topics.receipts}", group_timeout_ms=60_000,
+                       publish_linger_ms=20, poll_timeout_ms=10,
+                       consumer={"session.timeout.ms": 6000})
+
+
+def _fill(producer: Producer, topics: TopicNames, inputs) -> int:
+    nbytes = 0
+    for group_id, records in inputs:
+        for role, value in records:
+            producer.produce(getattr(topics, role), key=group_id.encode(), value=value)
+            nbytes += len(value)
+            producer.poll(0)
+    producer.flush(120)
+    return nbytes
+
+
+def _wait_topics(admin: AdminClient, topics: TopicNames, partitions: int) -> None:
+    deadline = time.monotonic() + 30
+    names = set(topics.all().values())
+    while time.monotonic() < deadline:
+        meta = admin.list_topics(timeout=5).topics
+        if all(n in meta and len(meta[n].partitions) == partitions
+               and all(p.leader >= 0 for p in meta[n].partitions.values()) for n in names):
+            return
+        time.sleep(0.1)
+    raise TimeoutError("bench topics not ready")
+
+
+def run_passthrough(bootstrap: str, topics: TopicNames, total: int, batch: int = 500) -> float:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"pt-{uuid.uuid4().hex[:6]}",
+                         "auto.offset.reset": "earliest", "enable.auto.commit": False,
+                         "isolation.level": "read_committed", "fetch.max.bytes": 64 << 20})
+    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"pt-{uuid.uuid4().hex[:6]}",
+                         "linger.ms": 5, "message.max.bytes": 64 << 20})
+    producer.init_transactions(60)
+    assigned = threading.Event()
+    consumer.subscribe([topics.receipts, topics.staged_calls], on_assign=lambda c, p: assigned.set())
+    started, seen = None, 0
+    deadline = time.monotonic() + 600
+    while seen < total and time.monotonic() < deadline:
+        messages = consumer.consume(batch, 0.05)
+        messages = [m for m in messages if not m.error()]
+        if not messages:
+            continue
+        if started is None:
+            started = time.monotonic()
+        producer.begin_transaction()
+        offsets: dict = {}
+        for m in messages:
+            producer.produce(topics.canonical_rows, key=m.key(), value=m.value(), partition=m.partition())
+            offsets[(m.topic(), m.partition())] = m.offset() + 1
+        producer.send_offsets_to_transaction([TopicPartition(t, p, o) for (t, p), o in offsets.items()],
+                                             consumer.consumer_group_metadata(), 60)
+        producer.commit_transaction(60)
+        seen += len(messages)
+    elapsed = time.monotonic() - (started or time.monotonic())
+    consumer.close()
+    return elapsed
+
+
+def run_stage(cfg: StageConfig, groups: int) -> float:
+    runtime = StageRuntime(cfg)
+    runtime.start()
+    started = None
+    deadline = time.monotonic() + 600
+    try:
+        while runtime.stats.total("groups_published") < groups and time.monotonic() < deadline:
+            runtime.step()
+            if started is None and runtime.stats.total("records_consumed") > 0:
+                started = time.monotonic()
+    finally:
+        elapsed = time.monotonic() - (started or time.monotonic())
+        runtime.shutdown()
+    return elapsed
+
+
+def measure_latency(bootstrap: str, cfg: StageConfig, inputs, rate_groups_s: float) -> list[float]:
+    """Feed groups at ``rate_groups_s`` into a running stage; per-group input-acked -> rows-readable."""
+    runtime = StageRuntime(cfg)
+    runtime.start()
+    stop = threading.Event()
+    thread = threading.Thread(target=lambda: runtime.run(), daemon=True)
+    acked: dict[str, float] = {}
+    readable: dict[str, float] = {}
+    rows_seen: dict[str, int] = {}
+    reader = Consumer({"bootstrap.servers": bootstrap, "group.id": f"lat-{uuid.uuid4().hex[:6]}",
+                       "auto.offset.reset": "earliest", "isolation.level": "read_committed",
+                       "enable.auto.commit": False})
+    reader.subscribe([cfg.topics.canonical_rows])
+
+    def read_rows():
+        while not stop.is_set():
+            for m in reader.consume(500, 0.02):
+                if m.error():
+                    continue
+                gid = m.key().decode()
+                rows_seen[gid] = rows_seen.get(gid, 0) + 1
+                if rows_seen[gid] == 4:
+                    readable[gid] = time.monotonic()
+
+    reader_thread = threading.Thread(target=read_rows, daemon=True)
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, "message.max.bytes": 64 << 20})
+    try:
+        thread.start()
+        reader_thread.start()
+        while not runtime.ready:
+            time.sleep(0.05)
+        time.sleep(1.0)
+        interval = 1.0 / rate_groups_s
+        next_at = time.monotonic()
+        for group_id, records in inputs:
+            while time.monotonic() < next_at:
+                time.sleep(min(0.001, next_at - time.monotonic()))
+            next_at += interval
+            last = len(records) - 1
+            for i, (role, value) in enumerate(records):
+                callback = None
+                if i == last:
+                    callback = (lambda gid: lambda err, msg: acked.__setitem__(gid, time.monotonic()))(group_id)
+                producer.produce(getattr(cfg.topics, role), key=group_id.encode(), value=value,
+                                 on_delivery=callback)
+            producer.poll(0)
+        producer.flush(60)
+        deadline = time.monotonic() + 120
+        while len(readable) < len(inputs) and time.monotonic() < deadline:
+            producer.poll(0.05)
+    finally:
+        stop.set()
+        runtime.stop()
+        thread.join(60)
+        reader_thread.join(10)
+        reader.close()
+    return [readable[g] - acked[g] for g in readable if g in acked]
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def run(*, bootstrap: str | None = None, groups: int = 300, n: int = 4, calls: int = 3,
+        tokens: int = 128, layers: int = 8, topk: int = 2, partitions: int = 2,
+        latency_seconds: float = 10.0, as_json: bool = False) -> dict:
+    broker = None
+    if bootstrap is None:
+        from stage.kraft import KraftBroker, jars_available
+        if not jars_available():
+            raise RuntimeError("no --bootstrap-servers and no local Kafka jars (make kafka-jars)")
+        broker = KraftBroker().start()
+        bootstrap = broker.bootstrap
+    try:
+        return _run(bootstrap, groups, n, calls, tokens, layers, topk, partitions, latency_seconds,
+                    as_json, broker_kind="local KRaft (Apache Kafka jars)" if broker else bootstrap)
+    finally:
+        if broker is not None:
+            broker.stop()
+
+
+def _run(bootstrap, groups, n, calls, tokens, layers, topk, partitions, latency_seconds, as_json,
+         broker_kind) -> dict:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    tag = uuid.uuid4().hex[:6]
+    sets = {name: _topics(f"{tag}-{name}") for name in ("passthrough", "stage", "latency")}
+    for topics in sets.values():
+        cfg = _config(bootstrap, topics)
+        create_topics(admin, cfg, partitions=partitions)
+        _wait_topics(admin, topics, partitions)
+    inputs = build_inputs(groups, n, calls, tokens, layers, topk)
+    records = sum(len(r) for _, r in inputs)
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "message.max.bytes": 64 << 20})
+    nbytes = _fill(producer, sets["passthrough"], inputs)
+    _fill(producer, sets["stage"], inputs)
+    passthrough_s = run_passthrough(bootstrap, sets["passthrough"], records)
+    stage_s = run_stage(_config(bootstrap, sets["stage"]), groups)
+    stage_groups_s = groups / stage_s
+    rate = stage_groups_s / 2
+    latency_inputs = build_inputs(max(20, int(rate * latency_seconds)), n, calls, tokens, layers, topk, seed=1)
+    latencies = measure_latency(bootstrap, _config(bootstrap, sets["latency"]), latency_inputs, rate)
+    report = {
+        "benchmark": "e2e", "broker": broker_kind, "partitions": partitions,
+        "workload": {"groups": groups, "rollouts_per_group": n, "calls_per_rollout": calls,
+                     "tokens_per_call": tokens, "route_layers": layers, "route_topk": topk,
+                     "input_records": records, "input_bytes": nbytes},
+        "passthrough": {"seconds": passthrough_s, "records_per_s": records / passthrough_s,
+                        "mb_per_s": nbytes / passthrough_s / 1e6},
+        "stage": {"seconds": stage_s, "records_per_s": records / stage_s, "mb_per_s": nbytes / stage_s / 1e6,
+                  "groups_per_s": stage_groups_s},
+        "throughput_ratio": passthrough_s / stage_s,
+        "latency": {"offered_groups_per_s": rate, "groups": len(latencies),
+                    "p50_ms": _percentile(latencies, 0.5) * 1e3 if latencies else None,
+                    "p99_ms": _percentile(latencies, 0.99) * 1e3 if latencies else None,
+                    "mean_ms": statistics.mean(latencies) * 1e3 if latencies else None},
+    }
+    report["meets_targets"] = bool(report["throughput_ratio"] >= 0.5 and latencies
+                                   and report["latency"]["p99_ms"] <= 250)
+    if as_json:
+        print(json.dumps(report, indent=2))
+    else:
+        w, p, s, lat = report["workload"], report["passthrough"], report["stage"], report["latency"]
+        print(f"e2e on {broker_kind}, {partitions} partitions: {groups} groups x {n} rollouts x {calls} calls "
+              f"x {tokens} tokens (routes {layers}x{topk}), {w['input_records']} input records, "
+              f"{w['input_bytes'] / 1e6:.1f} MB")
+        print(f"passthrough: {p['records_per_s']:,.0f} records/s ({p['mb_per_s']:.1f} MB/s)")
+        print(f"stage:       {s['records_per_s']:,.0f} records/s ({s['mb_per_s']:.1f} MB/s, "
+              f"{s['groups_per_s']:.1f} groups/s)  ratio {report['throughput_ratio']:.2f} (target >= 0.50)")
+        if latencies:
+            print(f"latency at {lat['offered_groups_per_s']:.1f} groups/s (half of peak), {lat['groups']} groups: "
+                  f"p50 {lat['p50_ms']:.0f} ms, p99 {lat['p99_ms']:.0f} ms (target p99 <= 250 ms)")
+    return report

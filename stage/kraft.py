@@ -1,0 +1,142 @@
+"""A real Apache Kafka 4.x broker (KRaft, single node) on loopback, from Maven Central jars.
+
+Used by the integration tests (when no KAFKA_BOOTSTRAP_SERVERS is given and no Docker engine
+answers) and by `bench e2e`. The jars are resolved once into ``.cache/kafka/lib`` (``make kafka-jars``). The broker
+is configured for a single node: transaction-log replication and min ISR 1 (else
+init_transactions hangs), no initial rebalance delay, large messages for route fragments.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# `make kafka-jars` resolves them here; ROLLOUT_REASSEMBLER_KAFKA_JARS points elsewhere.
+JARS = Path(os.environ.get("ROLLOUT_REASSEMBLER_KAFKA_JARS", ROOT / ".cache" / "kafka" / "lib"))
+MESSAGE_MAX_BYTES = 64 << 20
+
+_LOG4J = """\
+status = warn
+appender.file.type = File
+appender.file.name = file
+appender.file.fileName = {log}
+appender.file.layout.type = PatternLayout
+appender.file.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = WARN
+rootLogger.appenderRef.file.ref = file
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def jars_available() -> bool:
+    return JARS.is_dir() and any(JARS.glob("kafka_2.13-*.jar")) and shutil.which("java") is not None
+
+
+class KraftBroker:
+    """Start with ``start()``; ``bootstrap`` is ``127.0.0.1:<port>``; ``stop()`` kills it."""
+
+    def __init__(self, workdir: str | None = None, port: int | None = None) -> None:
+        self.dir = Path(workdir or tempfile.mkdtemp(prefix="kraft-"))
+        self.port = port or free_port()
+        self.controller_port = free_port()
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def _write_config(self) -> Path:
+        data = self.dir / "data"
+        data.mkdir(parents=True, exist_ok=True)
+        props = {
+            "process.roles": "broker,controller",
+            "node.id": "1",
+            "controller.quorum.voters": f"1@127.0.0.1:{self.controller_port}",
+            "listeners": f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
+            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
+            "controller.listener.names": "CONTROLLER",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "log.dirs": str(data),
+            "num.partitions": "1",
+            "offsets.topic.replication.factor": "1",
+            "offsets.topic.num.partitions": "4",
+            "transaction.state.log.replication.factor": "1",
+            "transaction.state.log.min.isr": "1",
+            "transaction.state.log.num.partitions": "4",
+            "group.initial.rebalance.delay.ms": "0",
+            "auto.create.topics.enable": "false",
+            "message.max.bytes": str(MESSAGE_MAX_BYTES),
+            "replica.fetch.max.bytes": str(MESSAGE_MAX_BYTES),
+            "transaction.max.timeout.ms": "900000",
+            "log.flush.interval.messages": "9223372036854775807",
+        }
+        path = self.dir / "server.properties"
+        path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
+        (self.dir / "log4j2.properties").write_text(_LOG4J.format(log=self.dir / "broker.log"))
+        return path
+
+    def _java(self, *args: str) -> list[str]:
+        return ["java", "-Xms256m", "-Xmx768m", "-XX:+UseSerialGC",
+                f"-Dlog4j2.configurationFile={self.dir / 'log4j2.properties'}",
+                "-cp", f"{JARS}/*", *args]
+
+    def start(self, timeout: float = 90.0) -> "KraftBroker":
+        if not jars_available():
+            raise RuntimeError(f"Kafka jars not found in {JARS} (run `make kafka-jars`) or no java")
+        config = self._write_config()
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not (self.dir / "data" / "meta.properties").exists():
+            subprocess.run(self._java("kafka.tools.StorageTool", "format", "-t", cluster_id,
+                                      "-c", str(config), "--ignore-formatted"),
+                           check=True, capture_output=True, timeout=120)
+        out = open(self.dir / "stdout.log", "ab")
+        self.proc = subprocess.Popen(self._java("kafka.Kafka", str(config)), stdout=out,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+        self._wait_ready(timeout)
+        return self
+
+    def _wait_ready(self, timeout: float) -> None:
+        from confluent_kafka.admin import AdminClient
+        deadline = time.monotonic() + timeout
+        quiet = logging.getLogger("kraft.wait")  # connection-refused noise while it starts
+        quiet.setLevel(logging.CRITICAL)
+        admin = AdminClient({"bootstrap.servers": self.bootstrap}, logger=quiet)
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"Kafka broker exited with {self.proc.returncode}; see {self.dir}")
+            try:
+                if admin.list_topics(timeout=2).brokers:
+                    return
+            except Exception:  # noqa: BLE001 - not up yet
+                pass
+            time.sleep(0.3)
+        raise TimeoutError(f"Kafka broker not ready after {timeout}s; see {self.dir}")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
