@@ -66,10 +66,10 @@ def _topics(tag: str) -> TopicNames:
     return TopicNames(**{k: f"bench-{tag}.{v}" for k, v in TopicNames().all().items()})
 
 
-def _config(bootstrap: str, topics: TopicNames) -> StageConfig:
+def _config(bootstrap: str, topics: TopicNames, workers: int = 2) -> StageConfig:
     return StageConfig(bootstrap_servers=bootstrap, topics=topics, group_id=f"g-{topics.receipts}",
                        transactional_id=f"tx-{topics.receipts}", group_timeout_ms=60_000,
-                       publish_linger_ms=20, poll_timeout_ms=10,
+                       publish_linger_ms=20, poll_timeout_ms=10, finalize_workers=workers,
                        consumer={"session.timeout.ms": 6000})
 
 

@@ -3,6 +3,8 @@ group's receipts, staged calls, outputs and ledger entry share one partition num
 
 from __future__ import annotations
 
+import time
+
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from stage.runtime.config import StageConfig
@@ -63,4 +65,19 @@ def create_topics(admin: AdminClient, cfg: StageConfig, *, partitions: int, repl
         return []
     for future in admin.create_topics(specs, operation_timeout=timeout).values():
         future.result()
+    _wait_visible(admin, [s.topic for s in specs], partitions, timeout)
     return [s.topic for s in specs]
+
+
+def _wait_visible(admin: AdminClient, names: list[str], partitions: int, timeout: float) -> None:
+    """Creation returns before every broker's metadata has the topics; a consumer assigned a
+    partition it cannot see yet does not fetch it for a while, so wait until all have leaders."""
+    deadline = time.monotonic() + timeout
+    while True:
+        topics = admin.list_topics(timeout=timeout).topics
+        if all(n in topics and topics[n].error is None and len(topics[n].partitions) == partitions
+               and all(p.leader >= 0 for p in topics[n].partitions.values()) for n in names):
+            return
+        if time.monotonic() > deadline:
+            raise TopologyError(f"created topics not visible with leaders after {timeout}s: {names}")
+        time.sleep(0.1)
