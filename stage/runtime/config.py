@@ -55,7 +55,8 @@ class StageConfig:
     max_poll_interval_ms: int = 600_000
     revoke_budget_ms: int = 10_000            # on revoke, wait this long for in-flight groups
     poll_timeout_ms: int = 50
-    metrics_port: int = 0                     # 0 = no HTTP server
+    metrics_port: int = 0                     # /metrics, /healthz, /readyz; 0 = no HTTP server
+    statistics_interval_ms: int = 5000        # librdkafka statistics (consumer lag); 0 = off
     finalize: ReassemblyConfig = field(default_factory=ReassemblyConfig)
     kafka: dict = field(default_factory=dict)     # passed to every client
     consumer: dict = field(default_factory=dict)  # consumer-only properties

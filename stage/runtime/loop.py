@@ -90,6 +90,7 @@ class StageRuntime:
         # One transaction at a time, off the loop thread: (future, outputs, batch) or None.
         self.publish_pool = ThreadPoolExecutor(1, thread_name_prefix="publish")
         self._flight = None
+        self.health = None
 
     # -- lifecycle -------------------------------------------------------------------------
     def stop(self) -> None:
@@ -106,9 +107,17 @@ class StageRuntime:
         self.publisher = (TransactionalPublisher(producer, self.cfg.transaction_timeout_ms / 1000)
                           if self.cfg.processing == EXACTLY_ONCE else AtLeastOncePublisher(producer))
         self.publisher.start()
-        self.consumer = Consumer(consumer_config(self.cfg))
+        consumer_conf = consumer_config(self.cfg)
+        if self.cfg.statistics_interval_ms > 0:  # per-partition consumer lag for /metrics
+            consumer_conf.setdefault("statistics.interval.ms", self.cfg.statistics_interval_ms)
+            consumer_conf["stats_cb"] = self.stats.sink.librdkafka_stats
+        self.consumer = Consumer(consumer_conf)
         self.consumer.subscribe([self.cfg.topics.receipts], on_assign=self._on_assign,
                                 on_revoke=self._on_revoke, on_lost=self._on_lost)
+        if self.cfg.metrics_port and self.health is None:
+            from stage.observability import HealthServer
+            self.health = HealthServer(self, self.cfg.metrics_port).start()
+            logger.info("metrics and health on :%d (/metrics, /healthz, /readyz)", self.health.port)
         logger.info("stage started: %d partitions, %s, transactional.id=%s", self.partitions,
                     self.cfg.processing, self.cfg.effective_transactional_id)
 
@@ -140,6 +149,9 @@ class StageRuntime:
             self.publish_pool.shutdown(wait=True)
             self.publisher.close()
             self.consumer = None
+            if self.health is not None:
+                self.health.stop()
+                self.health = None
 
     # -- one iteration ---------------------------------------------------------------------
     def step(self) -> None:
@@ -152,6 +164,7 @@ class StageRuntime:
         self._collect()
         self._publish()
         self._backpressure()
+        self.stats.set("inflight_groups", len(self.inflight) + len(self.done) + len(self.waiting))
         self.stats.heartbeat()
 
     def _intake(self, msg, now_ms: int) -> None:
@@ -216,6 +229,7 @@ class StageRuntime:
             ready, orphans = buffer.take_ready(now_ms, caught_up.get(partition))
             for group, why in ready:
                 self.waiting.append((group, why, self.epochs[partition]))
+                self.stats.observe("group_fill_seconds", max(0.0, (now_ms - group.first_timestamp_ms) / 1000))
             if orphans:
                 self.stats.inc("orphan_groups_expired", len(orphans))
                 self.stats.inc("orphan_staged_expired", sum(len(g.staged) for g in orphans))
@@ -313,6 +327,7 @@ class StageRuntime:
             self.stats.inc("rows_published", out.total_rows - out.valid_rows, valid="false")
             for reason in out.rejections:
                 self.stats.inc("rejections", bucket=(reason or "unknown").split(":", 1)[0])
+            self.stats.sink.group_metrics_observed(out.metrics)
             self.stats.observe("end_to_end_seconds",
                                max(0.0, (now - out.context.last_timestamp_ms) / 1000))
         self._remember_committed(batch.offsets)
@@ -351,6 +366,7 @@ class StageRuntime:
             if tp.offset >= 0:
                 self.committed[(tp.topic, tp.partition)] = tp.offset
         consumer.incremental_assign(list(partitions) + staged)
+        self.stats.set("assigned_partitions", 2 * len(self.buffers))
         self.ready = True
         logger.info("assigned partitions %s", sorted(tp.partition for tp in partitions))
 
@@ -389,6 +405,7 @@ class StageRuntime:
             TopicPartition(self.cfg.topics.staged_calls, p) for p in lost])
 
     def _drop(self, partitions: set[int]) -> None:
+        self.stats.set("assigned_partitions", 2 * len(set(self.buffers) - set(partitions)))
         for p in partitions:
             self.buffers.pop(p, None)
             self.epochs[p] = self.epochs.get(p, 0) + 1   # late results of this epoch are ignored

@@ -8,7 +8,13 @@ from collections import Counter
 
 
 class RuntimeStats:
-    def __init__(self) -> None:
+    """Counters for tests and reports; every update is mirrored to ``sink`` (Prometheus)."""
+
+    def __init__(self, sink=None) -> None:
+        if sink is None:
+            from stage.observability.metrics import PrometheusSink
+            sink = PrometheusSink()
+        self.sink = sink
         self._lock = threading.Lock()
         self.counters: Counter = Counter()
         self.gauges: dict[str, float] = {}
@@ -19,11 +25,14 @@ class RuntimeStats:
         key = (name, tuple(sorted(labels.items())))
         with self._lock:
             self.counters[key] += value
+        self.sink.inc(name, value, labels)
 
     def set(self, name: str, value: float) -> None:
         self.gauges[name] = value
+        self.sink.set(name, value)
 
     def observe(self, name: str, value: float) -> None:
+        self.sink.observe(name, value)
         with self._lock:
             self.observations.setdefault(name, []).append(value)
             if len(self.observations[name]) > 10_000:

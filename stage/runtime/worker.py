@@ -94,7 +94,7 @@ def finalize_and_encode(group: GroupState, why: str, epoch: int, *, config: Reas
     out.ledger_value = codecs["LedgerEntry"].encode(ledger_record(
         ctx, out.outcome, topics.receipts, topics.staged_calls, finalized_at, output_digest(encoded_rows)))
     out.valid_rows, out.total_rows = result.valid_row_count, result.total_row_count
-    out.rejections = [r.rejection_reason for r in result.rows if not r.valid]
+    out.rejections = [reason for _index, _rollout, reason in result.rejections]
     out.metrics = result.metrics
     out.ready_at = time.monotonic()
     return out
