@@ -48,6 +48,7 @@ class PrometheusSink:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
+        self._children: dict = {}
         self.counters = {key: Counter(PREFIX + name, doc, labels, registry=self.registry)
                          for key, (name, doc, labels) in COUNTERS.items()}
         self.gauges = {key: Gauge(PREFIX + key, doc, registry=self.registry) for key, doc in GAUGES.items()}
@@ -61,9 +62,16 @@ class PrometheusSink:
                                      ("name",), registry=self.registry)
 
     def inc(self, name: str, value: float, labels: dict) -> None:
-        counter = self.counters.get(name)
-        if counter is not None and value:
-            (counter.labels(**labels) if labels else counter).inc(value)
+        if not value:
+            return
+        key = (name, tuple(labels.items()))
+        child = self._children.get(key)
+        if child is None:  # labels() costs microseconds: resolve each series once
+            counter = self.counters.get(name)
+            if counter is None:
+                return
+            child = self._children[key] = counter.labels(**labels) if labels else counter
+        child.inc(value)
 
     def set(self, name: str, value: float) -> None:
         gauge = self.gauges.get(name)
