@@ -22,7 +22,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from stage.buffer import ADDED, PartitionBuffer, Position, SystemClock
+from stage.buffer import ADDED, CONFLICT, PartitionBuffer, Position, SystemClock
 from stage.decode import DecodeError, InputLimits, receipt_item, staged_item
 from stage.publish import (
     AtLeastOncePublisher,
@@ -193,8 +193,12 @@ class StageRuntime:
                 outcome = buffer.add_staged(item, now_ms)
         except (WireError, DecodeError, ValueError, KeyError, TypeError) as error:
             self._dead_letter(msg, error)
-            buffer.skip(topic, offset)
+            buffer.skip(topic, offset, position.timestamp_ms)
             return
+        if outcome == CONFLICT:  # well-formed but contradicts its group: keep it, visibly
+            self._dead_letter(msg, DecodeError(
+                f"conflicts with group {item.group_id}: group_size {item.group_size}, "
+                f"rollout_index {getattr(item, 'rollout_index', '-')}"))
         if outcome != ADDED:
             self.stats.inc("records_skipped", topic=topic, reason=outcome)
             self._offsets_dirty = True

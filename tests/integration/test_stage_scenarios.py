@@ -105,21 +105,23 @@ def test_garbage_and_truncated_records_go_to_the_dead_letter_topic_and_the_stage
     feed.raw(topics.receipts, b"fine", good[: len(good) // 2])
     feed.raw(topics.staged_calls, b"fine", b"")
     bad_index = dict(spec.receipts[0], rollout_index=7)        # decodes, but violates N
+    conflict = dict(spec.receipts[1], group_size=3)            # contradicts the group's N
     feed.receipts(spec, [bad_index])
     feed.staged(spec)
-    feed.receipts(spec)
+    feed.receipts(spec, [spec.receipts[0], conflict, spec.receipts[1]])
     feed.flush()
     with RunningStage(cfg) as stage:
         stage.wait(lambda: stage.runtime.stats.total("groups_published") >= 1, 60, "publication")
-        stage.wait(lambda: stage.runtime.stats.total("dead_letters") >= 4, 30, "dead letters")
-    letters = read_all(kafka.bootstrap, topics.dead_letter, expect=4)
-    assert len(letters) == 4
+        stage.wait(lambda: stage.runtime.stats.total("dead_letters") >= 5, 30, "dead letters")
+    letters = read_all(kafka.bootstrap, topics.dead_letter, expect=5)
+    assert len(letters) == 5
     by_value = {m.value(): dict(m.headers()) for m in letters}
     headers = by_value[b"\x00garbage\xff" * 3]
     assert headers["source-topic"] == topics.receipts.encode() and headers["trace"] == b"abc"
     assert int(headers["source-offset"]) >= 0 and b"WireError" in headers["error"]
     assert good[: len(good) // 2] in by_value and b"" in by_value
     assert b"rollout_index" in by_value[feed.receipt_codec.encode(bad_index)]["error"]
+    assert b"conflicts with group fine" in by_value[feed.receipt_codec.encode(conflict)]["error"]
     assert _summaries(kafka, topics)["fine"]["valid_rows"] == 2
 
 
