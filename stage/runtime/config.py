@@ -27,6 +27,13 @@ from stage.finalize import ReassemblyConfig
 from stage.wire import TopicNames
 
 ENV_PREFIX = "ROLLOUT_REASSEMBLER_"
+# Variables in our namespace that are not settings (read by the modules named).
+NOT_SETTINGS = frozenset({
+    "ROLLOUT_REASSEMBLER_FAULT",           # stage.runtime.faults (crash injection in tests)
+    "ROLLOUT_REASSEMBLER_MALLOC_TUNING",   # stage.tuning
+    "ROLLOUT_REASSEMBLER_SCHEMAS_DIR",     # stage.wire.schemas
+    "ROLLOUT_REASSEMBLER_KAFKA_JARS",      # stage.kraft
+})
 EXACTLY_ONCE, AT_LEAST_ONCE = "exactly_once", "at_least_once"
 
 
@@ -129,6 +136,8 @@ def load_config(path: str | Path | None = None, env: dict | None = None) -> Stag
     raw = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
     defaults = StageConfig()
     for key, value in env.items():
+        if key in NOT_SETTINGS:
+            continue
         if key.startswith(ENV_PREFIX):
             name = key[len(ENV_PREFIX):].lower()
             section, _, sub = name.partition("__")

@@ -366,9 +366,10 @@ class StageRuntime:
         staged = [TopicPartition(self.cfg.topics.staged_calls, tp.partition) for tp in partitions]
         for tp in partitions:
             self._fresh_buffer(tp.partition, ledger_codec)
-        for tp in consumer.committed(list(partitions) + staged, timeout=30):
-            if tp.offset >= 0:
-                self.committed[(tp.topic, tp.partition)] = tp.offset
+        # No committed() lookup here: after a member died inside a transaction the broker
+        # answers UNSTABLE_OFFSET_COMMIT until that transaction times out, and librdkafka's
+        # own fetch of the start offsets already waits for it (KIP-447). self.committed fills
+        # in with our own commits; the buffer never proposes an offset below its first record.
         consumer.incremental_assign(list(partitions) + staged)
         self.stats.set("assigned_partitions", 2 * len(self.buffers))
         self.ready = True
@@ -442,7 +443,7 @@ class StageRuntime:
         ledger_codec = self.codecs["LedgerEntry"]
         tps = [TopicPartition(t, p) for p in partitions
                for t in (self.cfg.topics.receipts, self.cfg.topics.staged_calls)]
-        committed = self.consumer.committed(tps, timeout=30) if tps else []
+        committed = self._committed_offsets(tps) if tps else []
         for p in partitions:
             self._fresh_buffer(p, ledger_codec)
         for tp in committed:
@@ -453,6 +454,19 @@ class StageRuntime:
                 self.consumer.seek(tp)
             except KafkaException as e:
                 logger.warning("seek %s[%d] to %d failed: %s", tp.topic, tp.partition, tp.offset, e)
+
+    def _committed_offsets(self, tps: list[TopicPartition]) -> list[TopicPartition]:
+        """committed(), retried while the broker reports offsets held by an open transaction
+        (a dead producer's transaction stays open until transaction.timeout.ms)."""
+        deadline = time.monotonic() + self.cfg.transaction_timeout_ms / 1000 + 15
+        while True:
+            try:
+                return self.consumer.committed(tps, timeout=10)
+            except KafkaException as e:
+                if time.monotonic() > deadline:
+                    raise
+                logger.warning("committed offsets not available yet (%s); retrying", e.args[0])
+                time.sleep(0.5)
 
     # -- back-pressure ---------------------------------------------------------------------
     def _backpressure(self) -> None:
