@@ -8,7 +8,24 @@ STAMP  := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 
 KAFKA_LIB := .cache/kafka/lib
 
-.PHONY: install test bench clean kafka-jars
+.PHONY: install test bench demo clean kafka-jars helm ops-tools
+
+# Ops tooling for tests/ops, built from the Go module proxy into the ignored .cache/bin (needs
+# `go`; without it those tests skip). Idempotent: a stamp per version skips the build.
+# helm: `helm lint --strict` / `helm template` of helm/rollout-reassembler. Built like helm's own
+# Makefile does (its version and the Kubernetes version it assumes, from client-go v0.37 in
+# helm v3.22.0's go.mod, are link-time settings; without them helm assumes Kubernetes 1.20).
+HELM_VERSION   := v3.22.0
+HELM_K8S_MINOR := 37
+BIN            := .cache/bin
+HELM           := $(BIN)/helm
+HELM_STAMP     := $(BIN)/.helm-$(HELM_VERSION)-k8s1.$(HELM_K8S_MINOR)
+HELM_LDFLAGS   := -s -w -X helm.sh/helm/v3/internal/version.version=$(HELM_VERSION) \
+  -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=$(HELM_K8S_MINOR) \
+  -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=$(HELM_K8S_MINOR)
+# promql-check (Prometheus's PromQL parser) and compose-spec (compose-go's loader: the Compose
+# specification's JSON schema plus interpolation and consistency checks), pinned by tools/ops-check/go.sum.
+OPS_STAMP      := $(BIN)/.ops-check-$(shell cat tools/ops-check/go.mod tools/ops-check/go.sum tools/ops-check/*/*.go 2>/dev/null | sha1sum | cut -c1-12)
 
 install: $(STAMP)
 
@@ -30,11 +47,37 @@ $(KAFKA_LIB)/.resolved: tools/kafka/pom.xml
 	  && touch $@; \
 	else echo "kafka-jars: no java/mvn here; real-broker tests will be skipped"; fi
 
-test: install kafka-jars
+helm: $(HELM_STAMP)
+
+$(HELM_STAMP):
+	@mkdir -p $(BIN); if command -v go >/dev/null; then \
+	  echo "building helm $(HELM_VERSION) into $(BIN) (Go module proxy; a few minutes the first time)"; \
+	  GOBIN=$(abspath $(BIN)) CGO_ENABLED=0 GOFLAGS=-buildvcs=false go install -trimpath \
+	    -ldflags '$(HELM_LDFLAGS)' helm.sh/helm/v3/cmd/helm@$(HELM_VERSION) \
+	  && rm -f $(BIN)/.helm-* && touch $@; \
+	else echo "helm: no go toolchain here; the helm tests in tests/ops will be skipped"; fi
+
+ops-tools: $(OPS_STAMP)
+
+$(OPS_STAMP):
+	@mkdir -p $(BIN); if command -v go >/dev/null; then \
+	  cd tools/ops-check && CGO_ENABLED=0 GOFLAGS=-buildvcs=false go build -trimpath -ldflags '-s -w' \
+	    -o $(abspath $(BIN))/promql-check ./promql-check \
+	  && CGO_ENABLED=0 GOFLAGS=-buildvcs=false go build -trimpath -ldflags '-s -w' \
+	    -o $(abspath $(BIN))/compose-spec github.com/compose-spec/compose-go/v2/cmd \
+	  && cd $(CURDIR) && rm -f $(BIN)/.ops-check-* && touch $@; \
+	else echo "ops-tools: no go toolchain here; PromQL and compose-go checks in tests/ops will be skipped"; fi
+
+test: install kafka-jars helm ops-tools
 	$(PY) -m pytest -q
 
 bench: install
 	$(VENV)/bin/rollout-reassembler bench verify
+
+# The main job on one machine: embedded broker, synthetic workload with faults, the stage, the
+# trainer-side reader, every output checked. DEMO_ARGS passes options (`demo --help`).
+demo: install
+	$(VENV)/bin/rollout-reassembler demo $(DEMO_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

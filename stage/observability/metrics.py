@@ -91,6 +91,7 @@ class PrometheusSink:
         """stats_cb: per-partition consumer_lag (-1 until known) from the consumer statistics."""
         try:
             stats = json.loads(stats_json)
+            self.lag.clear()  # partitions given up in a rebalance must not keep stale series
             for topic, info in stats.get("topics", {}).items():
                 for partition, pstats in info.get("partitions", {}).items():
                     if partition == "-1" or not pstats.get("assigned", pstats.get("fetch_state") == "active"):

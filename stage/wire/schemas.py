@@ -26,9 +26,10 @@ SCHEMAS_DIR_ENV = "ROLLOUT_REASSEMBLER_SCHEMAS_DIR"
 
 
 def schemas_dir() -> Path:
-    """``$ROLLOUT_REASSEMBLER_SCHEMAS_DIR`` or the repository's top-level ``schemas/``."""
+    """``$ROLLOUT_REASSEMBLER_SCHEMAS_DIR``, else the package's copy (``stage/wire/avsc``: a
+    link to the top-level ``schemas/`` in the repository, real files in a built wheel)."""
     override = os.environ.get(SCHEMAS_DIR_ENV)
-    return Path(override) if override else Path(__file__).resolve().parents[2] / "schemas"
+    return Path(override) if override else Path(__file__).resolve().parent / "avsc"
 
 
 @dataclass(frozen=True)

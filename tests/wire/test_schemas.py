@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import shutil
 
+from pathlib import Path
+
 import pytest
 from fastavro import parse_schema
 
@@ -21,7 +23,8 @@ def test_every_schema_loads_in_dependency_order():
     assert names.index("PackedTensor") < names.index("StagedCall")
     assert names.index("PackedTensor") < names.index("CanonicalRow")
     assert names.index("GroupSummary") < names.index("LedgerEntry")
-    assert schemas_dir().name == "schemas"
+    # the package's copy is the repository's top-level schemas/ (a link in a source checkout)
+    assert schemas_dir().resolve() == (Path(__file__).resolve().parents[2] / "schemas")
     assert schema("StagedCall")["name"] == "rollout_reassembler.v1.StagedCall"
 
 
