@@ -11,6 +11,8 @@ def _parser() -> argparse.ArgumentParser:
         prog="rollout-reassembler",
         description="Verify staged RL rollouts and publish canonical training rows.")
     commands = parser.add_subparsers(dest="command", required=True)
+    from stage.demo.cli import add_parser as add_demo_parser
+    add_demo_parser(commands)
     bench = commands.add_parser("bench", help="run a benchmark and print its figures")
     which = bench.add_subparsers(dest="bench", required=True)
     verify = which.add_parser("verify", help="verify_and_linearize throughput vs SHA-256 bound")
@@ -56,6 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     tune_malloc()
     if args.command in ("run", "topics"):
         return _runtime_command(args)
+    if args.command == "demo":
+        from stage.demo.cli import main as demo_main
+        return demo_main(args)
     if args.command == "bench" and args.bench == "verify":
         from stage.bench.verify import run
         report = run(as_json=args.json, min_seconds=args.seconds)

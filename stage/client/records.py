@@ -9,8 +9,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from stage.contract import RolloutReceipt, StagedCallRecord
+from collections.abc import Mapping
+from typing import Any
+
+from stage.contract import RolloutReceipt, StagedCallRecord, encode_routed_experts
 from stage.finalize import StagedRow, staged_row_from_record
+from stage.routes import (
+    ROUTED_EXPERTS_BOUNDARY_FIELD,
+    ROUTED_EXPERTS_BOUNDARY_INDEX_FIELD,
+    ROUTED_EXPERTS_FIELD,
+)
 from stage.wire import pack_tensor
 
 _U32_MAX = np.iinfo(np.uint32).max
@@ -71,3 +79,20 @@ def receipt_event(*, group_id: str, rollout_id: str, rollout_index: int, group_s
         "result_stats": [{"field": f, "sum": float(total), "count": int(count)} for f, total, count in result_stats],
         "receipt": body,
     }
+
+
+def route_extras(routed_experts, *, boundary=None, boundary_index: int | None = None,
+                 dtype: str = "int16", extras: Mapping[str, Any] | None = None) -> dict | None:
+    """The extras a call commits to: user metadata plus the nrlre1 route envelopes."""
+    out = dict(extras or {})
+    for name in (ROUTED_EXPERTS_FIELD, ROUTED_EXPERTS_BOUNDARY_FIELD, ROUTED_EXPERTS_BOUNDARY_INDEX_FIELD):
+        if name in out and (routed_experts is not None or boundary is not None):
+            raise ValueError(f"pass routes as arrays, not as extras[{name!r}]")
+    if routed_experts is not None:
+        out[ROUTED_EXPERTS_FIELD] = encode_routed_experts(np.asarray(routed_experts), dtype=dtype)
+    if boundary is not None:
+        if routed_experts is None:
+            raise ValueError("routed_experts_boundary needs the call's routed_experts")
+        out[ROUTED_EXPERTS_BOUNDARY_FIELD] = encode_routed_experts(np.asarray(boundary), dtype=dtype)
+        out[ROUTED_EXPERTS_BOUNDARY_INDEX_FIELD] = int(boundary_index)
+    return out or None

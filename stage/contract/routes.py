@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .constants import MISSING_ROUTE_SENTINEL, ROUTE_DTYPES, ROUTED_EXPERTS_MAGIC
+from .constants import MISSING_ROUTE_SENTINEL, ROUTED_EXPERTS_MAGIC
 
 __all__ = [
     "RoutedExpertsFragment", "encode_routed_experts", "decode_routed_experts",

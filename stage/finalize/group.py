@@ -16,7 +16,7 @@ import torch
 
 from stage.contract import TERMINAL_SELECTIONS
 from stage.finalize import reasons as R
-from stage.finalize.labels import generated_runs, group_label_stats
+from stage.finalize.labels import group_label_stats
 from stage.finalize.media import trainer_media
 from stage.finalize.rollout import FinalizedRollout, RolloutFinalizer
 from stage.routes import (

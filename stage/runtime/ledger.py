@@ -9,10 +9,23 @@ from __future__ import annotations
 
 import time
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
 from stage.runtime.clients import reader_config
 from stage.runtime.config import StageConfig
+
+
+def _watermarks(reader: Consumer, tp: TopicPartition, timeout_s: float) -> tuple[int, int]:
+    """get_watermark_offsets, retried through leader elections (NOT_LEADER_FOR_PARTITION right
+    after topic creation or a broker restart)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return reader.get_watermark_offsets(tp, timeout=10)
+        except KafkaException as e:
+            if not e.args[0].retriable() or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
 
 
 def load_ledger(cfg: StageConfig, codec, partition: int, timeout_s: float = 30.0) -> dict[str, dict]:
@@ -20,7 +33,7 @@ def load_ledger(cfg: StageConfig, codec, partition: int, timeout_s: float = 30.0
     reader = Consumer(reader_config(cfg, "ledger-reader"))
     try:
         tp = TopicPartition(cfg.topics.stage_ledger, partition, OFFSET_BEGINNING)
-        low, high = reader.get_watermark_offsets(tp, timeout=10)
+        low, high = _watermarks(reader, tp, timeout_s)
         entries: dict[str, dict] = {}
         if high <= low:
             return entries

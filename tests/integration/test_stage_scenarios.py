@@ -2,14 +2,12 @@
 orphan records, dead letters, and deferred route plans fetched by their Kafka coordinates."""
 
 import numpy as np
-import pytest
 import torch
 from confluent_kafka import Consumer, TopicPartition
 
-from stage.client import receipt_event
 from stage.decode import staged_row
 from stage.finalize import ReassemblyConfig
-from stage.routes import RouteAssemblyPlan, RouteDimsCache, RouteSpan, execute_route_plan
+from stage.routes import RouteAssemblyPlan, RouteSpan, execute_route_plan
 from stage.wire import AvroCodec
 from tests.integration.harness import (
     Feeder, RunningStage, expected_rows, make_group, read_all, setup_topics, stage_config, unique_topics,

@@ -1,0 +1,351 @@
+"""Producer SDK: inference workers stage model calls, the rollout owner emits receipts.
+
+One ``StagingProducer`` (one confluent-kafka Producer, the Avro codecs and the topic names) is
+shared by every ``RolloutStager`` (one per rollout, on the inference worker that serves it) and
+``ReceiptEmitter`` (one per prompt group, on the rollout owner)::
+
+    with StagingProducer("broker:9092") as producer:          # flush() on exit, raises on failures
+        stager = RolloutStager(producer, group_id="g7", rollout_id="g7-r0")
+        c0 = stager.stage("c0", prompt_delta=prompt, generated=out, generated_logprobs=lps,
+                          weight_version=12, routed_experts=routes)          # [delta, L, K]
+        c1 = stager.stage("c1", parent_call_id="c0", prompt_delta=tool_output, generated=out2,
+                          generated_logprobs=lps2, weight_version=12, routed_experts=routes2,
+                          routed_experts_boundary=boundary)                  # [1, L, K]
+        emitter = ReceiptEmitter(producer, group_id="g7", group_size=4, prompt_idx=7)
+        emitter.emit(0, stager.receipt("c1"), reward=1.0)
+        emitter.emit_missing(1, rollout_id="g7-r1")                          # no receipt at all
+
+Digests, chain and cumulative hashes come from ``stage.contract.producer.RolloutBuilder`` (Gym's
+worker-side staging), so a staged call is byte-compatible with what Gym would stage. Every
+record is keyed by group id (co-partitioning). Produce is asynchronous and batched (librdkafka
+``linger.ms``); delivery errors are collected by the delivery callback and raised by
+``flush()`` / ``raise_for_errors()`` as ``DeliveryError``, never swallowed.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import KafkaException, Producer
+
+from stage.client.records import receipt_event, route_extras, staged_call_from_record
+from stage.contract import CallRecord, RolloutReceipt, StagedCallRecord
+from stage.contract.producer import RolloutBuilder
+from stage.finalize import StagedMedia, TopK
+from stage.wire import AvroCodec, TopicNames, value_subject
+
+@dataclass(frozen=True)
+class Delivery:
+    """One acknowledgement (or failure) of a produced record: where it landed."""
+
+    topic: str
+    partition: int                # -1 when it failed
+    offset: int                   # -1 when it failed
+    key: bytes | None
+    error: str | None = None
+
+
+DeliveryCallback = Callable[[Delivery], None]
+
+
+@dataclass(frozen=True)
+class DeliveryFailure:
+    topic: str
+    key: bytes | None
+    error: str
+
+
+class DeliveryError(RuntimeError):
+    """Records the broker did not acknowledge (``.failures``), raised by ``flush()``."""
+
+    def __init__(self, failures: list[DeliveryFailure]) -> None:
+        self.failures = list(failures)
+        shown = "; ".join(f"{f.topic} key={f.key!r}: {f.error}" for f in self.failures[:3])
+        more = f" (+{len(self.failures) - 3} more)" if len(self.failures) > 3 else ""
+        super().__init__(f"{len(self.failures)} record(s) not delivered: {shown}{more}")
+
+
+def producer_defaults(bootstrap_servers: str, max_record_bytes: int) -> dict:
+    """Idempotent, acks=all, small linger (batching without adding visible latency)."""
+    return {"bootstrap.servers": bootstrap_servers, "enable.idempotence": True, "acks": "all",
+            "linger.ms": 5, "message.max.bytes": max(max_record_bytes + (1 << 20), 1_000_000)}
+
+
+class StagingProducer:
+    """The shared producer of the input topics (thread-safe, like confluent-kafka's Producer).
+
+    ``config`` adds or overrides librdkafka properties; ``producer`` injects a ready Producer
+    instead. ``framing="confluent"`` writes Schema Registry framing (``schema_registry_url``).
+    ``on_delivery(Delivery)`` sees every acknowledgement (``send_*``/``produce`` also take a
+    per-record ``on_delivery``: e.g. to learn a staged call's Kafka coordinates).
+    """
+
+    def __init__(self, bootstrap_servers: str | None = None, *, topics: TopicNames | None = None,
+                 config: Mapping[str, Any] | None = None, producer: Producer | None = None,
+                 framing: str = "plain", schema_registry_url: str | None = None,
+                 max_record_bytes: int = 64 << 20,
+                 on_delivery: DeliveryCallback | None = None) -> None:
+        if producer is None:
+            if not bootstrap_servers:
+                raise ValueError("StagingProducer needs bootstrap_servers or a producer")
+            producer = Producer({**producer_defaults(bootstrap_servers, max_record_bytes),
+                                 **(config or {})})
+        self.producer = producer
+        self.topics = topics or TopicNames()
+        registry = None
+        if framing == "confluent":
+            if not schema_registry_url:
+                raise ValueError("framing 'confluent' needs schema_registry_url")
+            from confluent_kafka.schema_registry import SchemaRegistryClient
+            registry = SchemaRegistryClient({"url": schema_registry_url})
+        self.codecs = {
+            name: AvroCodec(name, framing=framing, registry=registry,
+                            subject=value_subject(topic), max_record_bytes=max_record_bytes)
+            for name, topic in (("StagedCall", self.topics.staged_calls),
+                                ("ReceiptEvent", self.topics.receipts))}
+        self.on_delivery = on_delivery
+        self._lock = threading.Lock()
+        self._failures: list[DeliveryFailure] = []
+        self.produced = 0
+        self.delivered = 0
+        self.produced_bytes = 0
+
+    # -- records of the contract -----------------------------------------------------------
+    def send_staged(self, group_id: str, value: Mapping[str, Any], **kwargs) -> int:
+        """Encode and produce one StagedCall value (``stage.client.records``); returns bytes."""
+        return self.produce(self.topics.staged_calls, group_id,
+                            self.codecs["StagedCall"].encode(value), **kwargs)
+
+    def send_receipt(self, group_id: str, value: Mapping[str, Any], **kwargs) -> int:
+        """Encode and produce one ReceiptEvent value (``receipt_event``); returns bytes."""
+        return self.produce(self.topics.receipts, group_id,
+                            self.codecs["ReceiptEvent"].encode(value), **kwargs)
+
+    # -- raw produce -----------------------------------------------------------------------
+    def produce(self, topic: str, key: str | bytes | None, value: bytes, *, headers=None,
+                on_delivery: DeliveryCallback | None = None) -> int:
+        """Queue one record (non-blocking unless librdkafka's local queue is full, then it
+        serves callbacks until there is room). Returns the value's size."""
+        if isinstance(key, str):
+            key = key.encode("utf-8")
+
+        def delivered(err, msg, topic=topic, key=key):
+            self._delivered(topic, key, err, msg, on_delivery)
+
+        while True:
+            try:
+                self.producer.produce(topic, key=key, value=value, headers=headers,
+                                      on_delivery=delivered)
+                break
+            except BufferError:
+                self.producer.poll(0.05)
+            except KafkaException as error:  # e.g. message too large: fail here, loudly
+                raise DeliveryError([DeliveryFailure(topic, key, str(error))]) from error
+        with self._lock:
+            self.produced += 1
+            self.produced_bytes += len(value)
+        self.producer.poll(0)
+        return len(value)
+
+    def _delivered(self, topic, key, err, msg, callback) -> None:
+        ok = err is None and msg is not None
+        delivery = Delivery(topic, msg.partition() if ok else -1, msg.offset() if ok else -1, key,
+                            None if ok else str(err))
+        with self._lock:
+            if ok:
+                self.delivered += 1
+            else:
+                self._failures.append(DeliveryFailure(topic, key, delivery.error))
+        for cb in (callback, self.on_delivery):
+            if cb is not None:
+                cb(delivery)
+
+    def poll(self, timeout: float = 0.0) -> int:
+        """Serve delivery callbacks; returns how many were served."""
+        return self.producer.poll(timeout)
+
+    @property
+    def failures(self) -> list[DeliveryFailure]:
+        with self._lock:
+            return list(self._failures)
+
+    def raise_for_errors(self) -> None:
+        """Raise (and forget) the delivery failures collected so far."""
+        with self._lock:
+            failures, self._failures = self._failures, []
+        if failures:
+            raise DeliveryError(failures)
+
+    def flush(self, timeout: float = 60.0) -> None:
+        """Wait until everything queued is acknowledged; DeliveryError on any failure or on
+        records still unacknowledged after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        remaining = self.producer.flush(timeout)
+        while remaining and time.monotonic() < deadline:
+            remaining = self.producer.flush(max(0.0, deadline - time.monotonic()))
+        if remaining:
+            with self._lock:
+                self._failures.append(DeliveryFailure(
+                    "*", None, f"{remaining} record(s) still unacknowledged after {timeout}s"))
+        self.raise_for_errors()
+
+    def close(self, timeout: float = 60.0) -> None:
+        self.flush(timeout)
+
+    def __enter__(self) -> "StagingProducer":
+        return self
+
+    def __exit__(self, exc_type, *_exc) -> None:
+        if exc_type is None:
+            self.flush()
+        else:  # do not hide the original error behind a delivery error
+            self.producer.flush(5)
+
+
+# ---------------------------------------------------------------------------------------------
+# Inference workers
+
+
+@dataclass(frozen=True, eq=False)
+class PreparedCall:
+    """One staged call before it is sent: the Gym record, its manifest row, the wire value."""
+
+    group_id: str
+    record: StagedCallRecord      # token-bearing (Gym's StagedCallRecord, extras included)
+    manifest_row: CallRecord      # token-free coordinates the receipt names
+    value: dict                   # the StagedCall Avro value
+
+    @property
+    def staging_key(self) -> str:
+        return self.manifest_row.staging_key
+
+
+class RolloutStager:
+    """Stages the model calls of one rollout (parents before children, as Gym admits them).
+
+    ``stage()`` builds the record with Gym's digests, produces it keyed by ``group_id`` and
+    returns the call's ``CallRecord`` (the token-free coordinates the rollout owner puts in
+    the receipt). ``prepare()`` does the same without producing (send it with
+    ``producer.send_staged(group_id, prepared.value)``)."""
+
+    def __init__(self, producer: StagingProducer | None, group_id: str, rollout_id: str) -> None:
+        self.producer = producer
+        self.group_id = group_id
+        self.builder = RolloutBuilder(rollout_id)
+
+    @property
+    def rollout_id(self) -> str:
+        return self.builder.rollout_id
+
+    @property
+    def manifest(self) -> list[CallRecord]:
+        return [call.manifest_row for call in self.builder.calls.values()]
+
+    def prepare(self, model_call_id: str, *, prompt_delta, generated, generated_logprobs,
+                weight_version: int, parent_call_id: str | None = None, routed_experts=None,
+                routed_experts_boundary=None, route_dtype: str = "int16",
+                extras: Mapping[str, Any] | None = None, media: StagedMedia | None = None,
+                topk: TopK | None = None, response_id: str | None = None,
+                admitted_at: float | None = None) -> PreparedCall:
+        """``prompt_delta``: tokens this call adds before generating (the whole prompt for a
+        root, the new turn for a child); ``routed_experts``: ``[len(prompt_delta) +
+        len(generated), L, K]``; ``routed_experts_boundary``: ``[1, L, K]``, the child's prefill
+        route of its parent's last token; ``topk``: ``[len(generated), k]`` columns."""
+        boundary_index = None
+        if routed_experts_boundary is not None:
+            parent = self.builder.calls.get(parent_call_id) if parent_call_id else None
+            if parent is None:
+                raise ValueError("a boundary route belongs to a child call (its parent's last token)")
+            boundary_index = parent.manifest_row.cum_len - 1
+        call_extras = route_extras(routed_experts, boundary=routed_experts_boundary,
+                                   boundary_index=boundary_index, dtype=route_dtype, extras=extras)
+        staged = self.builder.stage(
+            model_call_id, parent_call_id=parent_call_id, prompt_delta=prompt_delta,
+            generated=generated, generated_logprobs=generated_logprobs,
+            weight_version=weight_version, extras=call_extras, response_id=response_id,
+            admitted_at=admitted_at)
+        value = staged_call_from_record(self.group_id, staged.record, media=media, topk=topk)
+        return PreparedCall(self.group_id, staged.record, staged.manifest_row, value)
+
+    def stage(self, model_call_id: str, **kwargs) -> CallRecord:
+        """Prepare and produce one call; returns its manifest row (CallRecord)."""
+        if self.producer is None:
+            raise RuntimeError("this stager has no producer: use prepare()")
+        prepared = self.prepare(model_call_id, **kwargs)
+        self.producer.send_staged(self.group_id, prepared.value)
+        return prepared.manifest_row
+
+    def receipt(self, terminal_model_call_id: str | None = None, *, order=None, reward=None,
+                terminal_selection: str = "declared", capture_poisoned: bool = False,
+                failure_reason: str | None = None) -> RolloutReceipt:
+        """The rollout's receipt naming every staged call (admission order unless ``order``).
+        Default terminal: the last staged call."""
+        if terminal_model_call_id is None:
+            terminal_model_call_id = next(reversed(self.builder.calls))
+        receipt = self.builder.receipt(terminal_model_call_id, order=order, reward=reward,
+                                       terminal_selection=terminal_selection)
+        if capture_poisoned or failure_reason is not None:
+            fields = receipt.to_json()
+            fields.update(capture_poisoned=True, failure_reason=failure_reason)
+            receipt = RolloutReceipt.from_json(fields)
+        return receipt
+
+
+# ---------------------------------------------------------------------------------------------
+# The rollout owner
+
+
+class ReceiptEmitter:
+    """Emits the receipt event of each rollout of one prompt group (or its missing-receipt
+    event: the row becomes a ``missing_receipt`` placeholder at once, no deadline wait)."""
+
+    def __init__(self, producer: StagingProducer, *, group_id: str, group_size: int,
+                 prompt_idx: int, fallback_weight_version: int = 0, labels=()) -> None:
+        if group_size <= 0:
+            raise ValueError(f"group_size must be positive, got {group_size}")
+        self.producer = producer
+        self.group_id = group_id
+        self.group_size = group_size
+        self.prompt_idx = prompt_idx
+        self.fallback_weight_version = fallback_weight_version
+        self.labels = tuple(labels)
+
+    def event(self, rollout_index: int, receipt: RolloutReceipt | dict | None, *, reward: float,
+              rollout_id: str | None = None, mask_sample: bool = False,
+              loss_multiplier: float = 1.0, result_stats=()) -> dict:
+        """The ReceiptEvent value (not produced)."""
+        if not 0 <= rollout_index < self.group_size:
+            raise ValueError(f"rollout_index must be in 0..{self.group_size - 1}, got {rollout_index}")
+        if rollout_id is None:
+            if receipt is None:
+                raise ValueError("a missing-receipt event needs the rollout_id")
+            rollout_id = receipt.rollout_id if isinstance(receipt, RolloutReceipt) else receipt["rollout_id"]
+        return receipt_event(
+            group_id=self.group_id, rollout_id=rollout_id, rollout_index=rollout_index,
+            group_size=self.group_size, prompt_idx=self.prompt_idx, reward=reward, receipt=receipt,
+            mask_sample=mask_sample, loss_multiplier=loss_multiplier,
+            fallback_weight_version=self.fallback_weight_version,
+            canonical_sample_id=f"{self.group_id}_g{rollout_index}", labels=self.labels,
+            result_stats=result_stats)
+
+    def emit(self, rollout_index: int, receipt: RolloutReceipt | dict | None, *, reward: float,
+             **kwargs) -> dict:
+        """Produce one rollout's receipt event; returns the value sent."""
+        value = self.event(rollout_index, receipt, reward=reward, **kwargs)
+        self.producer.send_receipt(self.group_id, value)
+        return value
+
+    def emit_missing(self, rollout_index: int, *, rollout_id: str, reward: float = 0.0,
+                     **kwargs) -> dict:
+        """The rollout produced no receipt (crashed, timed out): a placeholder row."""
+        return self.emit(rollout_index, None, reward=reward, rollout_id=rollout_id, **kwargs)
+
+
+__all__ = [
+    "Delivery", "DeliveryError", "DeliveryFailure", "PreparedCall", "ReceiptEmitter", "RolloutStager",
+    "StagingProducer", "producer_defaults",
+]

@@ -1,0 +1,103 @@
+"""``rollout-reassembler demo`` arguments and entry point (wired into ``stage.cli``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+# stage.workload.faults' names (ROLLOUT_FAULTS + GARBAGE; a test keeps them equal), spelled out so
+# that building the parser imports nothing heavy (`rollout-reassembler --help` stays instant).
+FAULT_NAMES = ("tampered_tokens", "tampered_digest", "poisoned_receipt", "missing_receipt",
+               "missing_staged", "late_receipt", "garbage")
+
+
+def add_parser(commands) -> argparse.ArgumentParser:
+    demo = commands.add_parser(
+        "demo", help="run the whole system on a synthetic workload and check every output",
+        description="Start the embedded Tansu broker (or use --bootstrap-servers), create the topics, "
+                    "stage a seeded synthetic agentic workload with injected faults through the producer "
+                    "SDK, run the stage, read the rows back with the trainer-side reader and check them "
+                    "against an independent recomputation. Exit status 0 only if every check passes.")
+    demo.add_argument("--bootstrap-servers", help="any Kafka (default: start the embedded Tansu broker)")
+    demo.add_argument("--groups", type=int, default=64, help="prompt groups (default 64)")
+    demo.add_argument("--group-size", type=int, default=4, help="rollouts per group, N (default 4)")
+    demo.add_argument("--seed", type=int, default=0, help="workload seed: same seed, same run (default 0)")
+    demo.add_argument("--partitions", type=int, default=2, help="partitions per topic (default 2)")
+    demo.add_argument("--routes", choices=("direct", "deferred", "off"), default="direct",
+                      help="router replay: routes in the rows (direct), plans + fetch by Kafka "
+                           "coordinates (deferred), or none (default direct)")
+    demo.add_argument("--layers", type=int, default=4, help="MoE layers L (default 4)")
+    demo.add_argument("--experts-per-token", type=int, default=2, help="MoE top-k K (default 2)")
+    demo.add_argument("--media-rate", type=float, default=0.1,
+                      help="share of rollouts whose prompt carries an image (default 0.1)")
+    demo.add_argument("--sampler-topk", type=int, default=0,
+                      help="sampler top-k log-prob columns per generated token (default 0: none)")
+    demo.add_argument("--fault-rate", type=float, default=0.03,
+                      help="rate of every fault: per rollout for each rollout fault, per group for "
+                           "garbage (default 0.03)")
+    demo.add_argument("--fault", action="append", default=[], metavar="NAME=RATE",
+                      help=f"override one fault's rate; NAME in {', '.join(FAULT_NAMES)}")
+    demo.add_argument("--group-timeout-ms", type=int, default=3000,
+                      help="the stage's group deadline (default 3000)")
+    demo.add_argument("--rate", type=float, default=0.0,
+                      help="groups per second offered (default 0: as fast as the producer goes)")
+    demo.add_argument("--timeout", type=float, default=300.0,
+                      help="seconds to wait for every group at the reader (default 300)")
+    demo.add_argument("--device", default="cpu", help="torch device of the stage and reader (default cpu)")
+    demo.add_argument("--topic-prefix", help="topic name prefix (default: demo-<random>)")
+    demo.add_argument("--json-report", metavar="PATH", help="also write the report as JSON")
+    demo.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    demo.add_argument("--log-level", default="ERROR",
+                      help="log level of the stage and clients (default ERROR: the injected faults "
+                           "make the stage log warnings by design)")
+    return demo
+
+
+def _fault_rates(args):
+    from stage.workload import FaultRates
+    rates = {name: args.fault_rate for name in FAULT_NAMES}
+    for item in args.fault:
+        name, sep, value = item.partition("=")
+        if not sep or name not in FAULT_NAMES:
+            raise ValueError(f"--fault {item!r}: expected NAME=RATE with NAME in {', '.join(FAULT_NAMES)}")
+        rates[name] = float(value)
+    return FaultRates(**rates)
+
+
+def options(args):
+    from stage.demo import DemoOptions
+    from stage.workload import WorkloadConfig
+    workload = WorkloadConfig(
+        groups=args.groups, group_size=args.group_size, seed=args.seed,
+        route_layers=args.layers if args.routes != "off" else 0, route_topk=args.experts_per_token,
+        media_rate=args.media_rate, topk=args.sampler_topk, faults=_fault_rates(args))
+    return DemoOptions(
+        workload=workload, bootstrap_servers=args.bootstrap_servers, partitions=args.partitions,
+        route_mode=args.routes, group_timeout_ms=args.group_timeout_ms, timeout_s=args.timeout,
+        rate=args.rate, device=args.device, topic_prefix=args.topic_prefix,
+        progress=not args.no_progress)
+
+
+def main(args) -> int:
+    logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.ERROR),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        opts = options(args)
+    except ValueError as error:
+        print(f"demo: {error}", file=sys.stderr)
+        return 2
+    from stage.demo import render, run_demo, write_json
+    try:
+        report = run_demo(opts)
+    except Exception as error:  # noqa: BLE001 - a run that cannot finish is a failed run
+        print(f"demo failed: {type(error).__name__}: {error}", file=sys.stderr)
+        if args.json_report:
+            with open(args.json_report, "w") as f:
+                json.dump({"ok": False, "error": f"{type(error).__name__}: {error}"}, f, indent=2)
+        return 1
+    print(render(report))
+    if args.json_report:
+        write_json(report, args.json_report)
+    return 0 if report["ok"] else 1

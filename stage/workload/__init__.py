@@ -1,0 +1,32 @@
+"""Seeded synthetic agentic rollouts with configurable fault injection (pure, no Kafka)."""
+
+from stage.workload.faults import (
+    DEADLINE_FAULTS,
+    GARBAGE,
+    LATE_RECEIPT,
+    MISSING_RECEIPT,
+    MISSING_STAGED,
+    POISONED_RECEIPT,
+    ROLLOUT_FAULTS,
+    TAMPERED_DIGEST,
+    TAMPERED_TOKENS,
+    ExpectedRejection,
+    FaultRates,
+)
+from stage.workload.generator import (
+    CallSpec,
+    Garbage,
+    GroupSpec,
+    RolloutSpec,
+    Workload,
+    WorkloadConfig,
+    generate,
+    generate_group,
+)
+
+__all__ = [
+    "CallSpec", "DEADLINE_FAULTS", "ExpectedRejection", "FaultRates", "GARBAGE", "Garbage",
+    "GroupSpec", "LATE_RECEIPT", "MISSING_RECEIPT", "MISSING_STAGED", "POISONED_RECEIPT",
+    "ROLLOUT_FAULTS", "RolloutSpec", "TAMPERED_DIGEST", "TAMPERED_TOKENS", "Workload",
+    "WorkloadConfig", "generate", "generate_group",
+]
