@@ -51,7 +51,7 @@ class StageConfig:
     group_timeout_ms: int = 60_000            # deadline: first record timestamp + this
     late_retention_ms: int = 600_000          # remember published groups this long for late records
     max_inflight_groups: int = 64             # finalizations running or waiting to publish
-    finalize_workers: int = 2
+    finalize_workers: int = 1                 # CPU-bound Python: more threads only contend for the GIL
     max_buffered_bytes: int = 2 << 30
     max_buffered_groups: int = 20_000
     resume_fraction: float = 0.8              # resume paused partitions below this share of a cap

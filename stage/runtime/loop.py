@@ -112,6 +112,9 @@ class StageRuntime:
             consumer_conf.setdefault("statistics.interval.ms", self.cfg.statistics_interval_ms)
             consumer_conf["stats_cb"] = self.stats.sink.librdkafka_stats
         self.consumer = Consumer(consumer_conf)
+        # The staged-calls topic is assigned by hand (not subscribed): load its metadata now so
+        # its partitions start fetching as soon as they are assigned.
+        self.consumer.list_topics(self.cfg.topics.staged_calls, timeout=10)
         self.consumer.subscribe([self.cfg.topics.receipts], on_assign=self._on_assign,
                                 on_revoke=self._on_revoke, on_lost=self._on_lost)
         if self.cfg.metrics_port and self.health is None:
