@@ -47,6 +47,9 @@ def add_parser(commands) -> argparse.ArgumentParser:
                       help="seconds to wait for every group at the reader (default 300)")
     demo.add_argument("--device", default="cpu", help="torch device of the stage and reader (default cpu)")
     demo.add_argument("--topic-prefix", help="topic name prefix (default: demo-<random>)")
+    demo.add_argument("--produce-only", action="store_true",
+                      help="only produce the workload (to the standard topic names, or --topic-prefix) "
+                           "and exit: the input of a stage running elsewhere, e.g. docker compose's")
     demo.add_argument("--json-report", metavar="PATH", help="also write the report as JSON")
     demo.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     demo.add_argument("--log-level", default="ERROR",
@@ -77,7 +80,7 @@ def options(args):
         workload=workload, bootstrap_servers=args.bootstrap_servers, partitions=args.partitions,
         route_mode=args.routes, group_timeout_ms=args.group_timeout_ms, timeout_s=args.timeout,
         rate=args.rate, device=args.device, topic_prefix=args.topic_prefix,
-        progress=not args.no_progress)
+        progress=not args.no_progress, produce_only=args.produce_only)
 
 
 def main(args) -> int:
@@ -97,7 +100,12 @@ def main(args) -> int:
             with open(args.json_report, "w") as f:
                 json.dump({"ok": False, "error": f"{type(error).__name__}: {error}"}, f, indent=2)
         return 1
-    print(render(report))
+    if report.get("mode") == "produce-only":
+        print(f"produced {report['groups']} groups, {report['input_records']} records "
+              f"({report['input_bytes'] / 1e6:.2f} MB) in {report['seconds']:.1f} s to "
+              f"{report['topics']['receipts']} and {report['topics']['staged_calls']}")
+    else:
+        print(render(report))
     if args.json_report:
         write_json(report, args.json_report)
     return 0 if report["ok"] else 1

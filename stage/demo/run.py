@@ -74,9 +74,12 @@ class DemoOptions:
     timeout_s: float = 300.0               # for the groups to arrive at the reader
     rate: float = 0.0                      # groups/s offered (0: as fast as the producer goes)
     device: str = "cpu"
-    finalize_workers: int = 2
+    finalize_workers: int = 1
     topic_prefix: str | None = None
     progress: bool = True
+    # Only produce the workload (to the standard topic names, or --topic-prefix) and exit: the
+    # input of a stage that runs elsewhere (docker compose's `stage` service).
+    produce_only: bool = False
 
     def __post_init__(self) -> None:
         if self.route_mode not in ROUTE_MODES:
@@ -234,8 +237,30 @@ class Demo:
         report["broker"] = broker_text
         return report
 
+    def _produce_only(self, bootstrap: str, bar: ProgressBar) -> dict:
+        opts = self.opts
+        topics = (TopicNames() if opts.topic_prefix is None else
+                  TopicNames(**{k: f"{opts.topic_prefix}.{v}" for k, v in TopicNames().all().items()}))
+        producer = StagingProducer(bootstrap, topics=topics)
+        started = time.monotonic()
+        interval = 1.0 / opts.rate if opts.rate > 0 else 0.0
+        next_at = time.monotonic()
+        for index, group in enumerate(self.workload.groups):
+            if interval:
+                time.sleep(max(0.0, next_at - time.monotonic()))
+                next_at += interval
+            self._produce_group(producer, group)  # late receipts: only the full demo sends them
+            bar.update(index + 1, phase=f"producing {index + 1}/{len(self.workload.groups)}")
+        producer.flush()
+        seconds = time.monotonic() - started
+        return {"ok": True, "mode": "produce-only", "topics": topics.all(),
+                "groups": len(self.workload.groups), "input_records": producer.produced,
+                "input_bytes": producer.produced_bytes, "seconds": seconds}
+
     def _run(self, bootstrap: str, bar: ProgressBar) -> dict:
         opts, workload = self.opts, self.workload
+        if opts.produce_only:
+            return self._produce_only(bootstrap, bar)
         prefix = opts.topic_prefix or f"demo-{uuid.uuid4().hex[:8]}"
         topics = TopicNames(**{k: f"{prefix}.{v}" for k, v in TopicNames().all().items()})
         cfg = stage_config(opts, bootstrap, topics, prefix, self.client)

@@ -98,3 +98,29 @@ def test_embedded_broker_is_the_default(monkeypatch):
     with pytest.raises(Stop):
         run_demo(DemoOptions(workload=WorkloadConfig(groups=1), progress=False))
     assert started == [True, False]
+
+
+def test_produce_only_feeds_the_standard_topic_layout_for_a_stage_running_elsewhere(tansu):
+    from stage.demo import DemoOptions, run_demo
+    from stage.workload import FaultRates, WorkloadConfig
+    from stage.wire import AvroCodec
+    from tests.integration.harness import read_all
+    opts = DemoOptions(workload=WorkloadConfig(groups=3, group_size=2, seed=5, faults=FaultRates()),
+                       bootstrap_servers=tansu.bootstrap, topic_prefix="po", produce_only=True,
+                       progress=False, route_mode="direct")
+    from confluent_kafka.admin import AdminClient
+    from stage.runtime.config import StageConfig
+    from stage.runtime.topics import create_topics
+    from stage.wire import TopicNames
+    topics = TopicNames(**{k: f"po.{v}" for k, v in TopicNames().all().items()})
+    create_topics(AdminClient({"bootstrap.servers": tansu.bootstrap}),
+                  StageConfig(bootstrap_servers=tansu.bootstrap, topics=topics), partitions=1)
+    report = run_demo(opts)
+    assert report["mode"] == "produce-only" and report["groups"] == 3 and report["ok"]
+    receipts = [AvroCodec("ReceiptEvent").decode(m.value())
+                for m in read_all(tansu.bootstrap, topics.receipts, expect=6, timeout=20)]
+    assert sorted((r["group_id"], r["rollout_index"]) for r in receipts) == sorted(
+        (g, i) for g in {r["group_id"] for r in receipts} for i in range(2))
+    assert len({r["group_id"] for r in receipts}) == 3
+    staged = read_all(tansu.bootstrap, topics.staged_calls, timeout=10)
+    assert len(staged) + 6 == report["input_records"]
