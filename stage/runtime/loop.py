@@ -480,9 +480,14 @@ class StageRuntime:
         full = nbytes >= self.cfg.max_buffered_bytes or groups >= self.cfg.max_buffered_groups
         drained = (nbytes < self.cfg.resume_fraction * self.cfg.max_buffered_bytes
                    and groups < self.cfg.resume_fraction * self.cfg.max_buffered_groups)
-        if full and not self.paused:
+        # Never pause a buffer that can only progress with more input: when no group is being
+        # finalized or published, every buffered group waits for records still unread, and a
+        # paused consumer would wait for them forever (deadlines, too, wait until the input has
+        # been read past them). The caps bound the buffer while groups complete.
+        stuck = not (self.inflight or self.waiting or self.done or self._flight)
+        if full and not stuck and not self.paused:
             self._pause_all(True)
-        elif self.paused and drained:
+        elif self.paused and (drained or stuck):
             self._pause_all(False)
 
     def _pause_all(self, pause: bool) -> None:
