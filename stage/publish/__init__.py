@@ -7,9 +7,8 @@ from stage.publish.transaction import (
     PublishAborted,
     StageFatal,
     TransactionalPublisher,
-    offsets_of,
 )
 
 __all__ = ["AtLeastOncePublisher", "Batch", "GroupContext", "PublishAborted", "StageFatal",
-           "TransactionalPublisher", "ledger_record", "offsets_of", "plan_record", "row_record",
+           "TransactionalPublisher", "ledger_record", "plan_record", "row_record",
            "summary_record"]

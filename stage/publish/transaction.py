@@ -14,7 +14,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from confluent_kafka import KafkaException, Producer, TopicPartition
+from confluent_kafka import KafkaException, Producer
 
 from stage.runtime.faults import crash_point
 
@@ -64,13 +64,44 @@ def _classify(e: KafkaException) -> Exception:
     return StageFatal(f"unclassified transaction error: {err}")
 
 
-class TransactionalPublisher:
+class _Publisher:
+    """What both modes share: the producer, counters, and produce-with-queue-backoff."""
+
     def __init__(self, producer: Producer, timeout_s: float = 60.0) -> None:
         self.producer = producer
         self.timeout_s = timeout_s
         self.committed = 0
         self.aborted = 0
 
+    def start(self) -> None:
+        pass
+
+    def _produce(self, topic, partition, key, value, headers, on_delivery=None) -> None:
+        kwargs = {"key": key, "value": value, "headers": headers}
+        if partition is not None:
+            kwargs["partition"] = partition
+        if on_delivery is not None:
+            kwargs["on_delivery"] = on_delivery
+        while True:
+            try:
+                self.producer.produce(topic, **kwargs)
+                break
+            except BufferError:
+                self.producer.poll(0.05)  # the local queue is full: serve delivery reports
+        self.producer.poll(0)
+
+    def abort(self) -> None:
+        pass
+
+    def commit_offsets(self, batch: "Batch", consumer) -> None:
+        """Called on the consumer's (loop) thread after ``publish`` returned: librdkafka serves
+        a synchronous commit's result through the consumer, so it must not run beside poll()."""
+
+    def close(self) -> None:
+        self.producer.flush(self.timeout_s)
+
+
+class TransactionalPublisher(_Publisher):
     def start(self) -> None:
         _call("init_transactions", self.producer.init_transactions, self.timeout_s)
 
@@ -101,18 +132,6 @@ class TransactionalPublisher:
             self.abort()
             raise PublishAborted(f"producer queue full: {e}") from e
 
-    def _produce(self, topic, partition, key, value, headers) -> None:
-        kwargs = {"key": key, "value": value, "headers": headers}
-        if partition is not None:
-            kwargs["partition"] = partition
-        while True:
-            try:
-                self.producer.produce(topic, **kwargs)
-                break
-            except BufferError:
-                self.producer.poll(0.05)  # drain delivery reports, then retry
-        self.producer.poll(0)
-
     def abort(self) -> None:
         try:
             self.producer.abort_transaction(self.timeout_s)
@@ -123,22 +142,10 @@ class TransactionalPublisher:
                 raise StageFatal(f"abort failed fatally: {err}") from e
             logger.warning("abort_transaction: %s", err)
 
-    def close(self) -> None:
-        self.producer.flush(self.timeout_s)
 
-
-class AtLeastOncePublisher:
+class AtLeastOncePublisher(_Publisher):
     """Produce, wait for every delivery report, then commit offsets (duplicates possible after
     a crash between the two; the ledger still prevents republication of published groups)."""
-
-    def __init__(self, producer: Producer, timeout_s: float = 60.0) -> None:
-        self.producer = producer
-        self.timeout_s = timeout_s
-        self.committed = 0
-        self.aborted = 0
-
-    def start(self) -> None:
-        pass
 
     def publish(self, batch: Batch, consumer) -> None:
         if not batch:
@@ -150,20 +157,14 @@ class AtLeastOncePublisher:
                 failures.append(err)
 
         for topic, partition, key, value, headers in batch.records:
-            kwargs = {"key": key, "value": value, "headers": headers, "on_delivery": report}
-            if partition is not None:
-                kwargs["partition"] = partition
-            while True:
-                try:
-                    self.producer.produce(topic, **kwargs)
-                    break
-                except BufferError:
-                    self.producer.poll(0.05)
+            self._produce(topic, partition, key, value, headers, on_delivery=report)
         remaining = self.producer.flush(self.timeout_s)
         if remaining or failures:
             self.aborted += 1
             raise PublishAborted(f"{remaining} undelivered, {len(failures)} failed: {failures[:3]}")
         crash_point("after_produce")
+
+    def commit_offsets(self, batch: Batch, consumer) -> None:
         if batch.offsets:
             try:
                 crash_point("before_commit")
@@ -173,14 +174,3 @@ class AtLeastOncePublisher:
                 self.aborted += 1
                 raise PublishAborted(f"offset commit failed: {e.args[0]}") from e
         self.committed += 1
-
-    def abort(self) -> None:
-        pass
-
-    def close(self) -> None:
-        self.producer.flush(self.timeout_s)
-
-
-def offsets_of(committable: dict[tuple[str, int], int]) -> list[TopicPartition]:
-    return [TopicPartition(topic, partition, offset)
-            for (topic, partition), offset in sorted(committable.items())]

@@ -317,6 +317,7 @@ class StageRuntime:
         self._flight = None
         try:
             seconds = future.result()
+            self.publisher.commit_offsets(batch, self.consumer)  # at-least-once only
         except PublishAborted as error:
             logger.warning("publication aborted (%s); rewinding to the committed offsets", error)
             self.stats.inc("transactions_aborted")
