@@ -84,18 +84,6 @@ def _fill(producer: Producer, topics: TopicNames, inputs) -> int:
     return nbytes
 
 
-def _wait_topics(admin: AdminClient, topics: TopicNames, partitions: int) -> None:
-    deadline = time.monotonic() + 30
-    names = set(topics.all().values())
-    while time.monotonic() < deadline:
-        meta = admin.list_topics(timeout=5).topics
-        if all(n in meta and len(meta[n].partitions) == partitions
-               and all(p.leader >= 0 for p in meta[n].partitions.values()) for n in names):
-            return
-        time.sleep(0.1)
-    raise TimeoutError("bench topics not ready")
-
-
 def run_passthrough(bootstrap: str, topics: TopicNames, total: int, batch: int = 500) -> float:
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"pt-{uuid.uuid4().hex[:6]}",
                          "auto.offset.reset": "earliest", "enable.auto.commit": False,
@@ -302,8 +290,7 @@ def _run(bootstrap, groups, n, calls, tokens, layers, topk, partitions, latency_
     sets = {name: _topics(f"{tag}-{name}") for name in ("passthrough", "stage", "latency")}
     for topics in sets.values():
         cfg = _config(bootstrap, topics)
-        create_topics(admin, cfg, partitions=partitions)
-        _wait_topics(admin, topics, partitions)
+        create_topics(admin, cfg, partitions=partitions)  # returns once every partition has a leader
     inputs = build_inputs(groups, n, calls, tokens, layers, topk)
     records = sum(len(r) for _, r in inputs)
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "message.max.bytes": 64 << 20})
