@@ -53,17 +53,34 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def new_cluster_id() -> str:
+    cluster_id = "-"
+    while not cluster_id[0].isalnum():  # a leading '-' would be read as an option by the tool
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    return cluster_id
+
+
 def jars_available() -> bool:
     return JARS.is_dir() and any(JARS.glob("kafka_2.13-*.jar")) and shutil.which("java") is not None
 
 
 class KraftBroker:
-    """Start with ``start()``; ``bootstrap`` is ``127.0.0.1:<port>``; ``stop()`` kills it."""
+    """Start with ``start()``; ``bootstrap`` is ``127.0.0.1:<port>``; ``stop()`` kills it.
 
-    def __init__(self, workdir: str | None = None, port: int | None = None) -> None:
+    Alone it is a single-node cluster; ``KraftCluster`` runs several as one (``node_id``,
+    ``voters``: the controller quorum, ``props``: overrides such as replication factors)."""
+
+    def __init__(self, workdir: str | None = None, port: int | None = None, *, node_id: int = 1,
+                 controller_port: int | None = None, voters: str | None = None,
+                 props: dict | None = None, heap: str = "1g") -> None:
         self.dir = Path(workdir or tempfile.mkdtemp(prefix="kraft-"))
         self.port = port or free_port()
-        self.controller_port = free_port()
+        self.controller_port = controller_port or free_port()
+        self.node_id = node_id
+        self.voters = voters or f"{node_id}@127.0.0.1:{self.controller_port}"
+        self.props = dict(props or {})
+        self.heap = heap
+        self.cluster_id: str | None = None
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -75,8 +92,8 @@ class KraftBroker:
         data.mkdir(parents=True, exist_ok=True)
         props = {
             "process.roles": "broker,controller",
-            "node.id": "1",
-            "controller.quorum.voters": f"1@127.0.0.1:{self.controller_port}",
+            "node.id": str(self.node_id),
+            "controller.quorum.voters": self.voters,
             "listeners": f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
             "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
             "controller.listener.names": "CONTROLLER",
@@ -95,6 +112,7 @@ class KraftBroker:
             "replica.fetch.max.bytes": str(MESSAGE_MAX_BYTES),
             "transaction.max.timeout.ms": "900000",
             "log.flush.interval.messages": "9223372036854775807",
+            **self.props,
         }
         path = self.dir / "server.properties"
         path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
@@ -104,17 +122,15 @@ class KraftBroker:
     def _java(self, *args: str) -> list[str]:
         # G1 (the JVM default, as Kafka runs it): SerialGC paused the broker for 100+ ms at a
         # time under the e2e benchmark's large records.
-        return ["java", "-Xms512m", "-Xmx1g",
+        return ["java", "-Xms256m", f"-Xmx{self.heap}",
                 f"-Dlog4j2.configurationFile={self.dir / 'log4j2.properties'}",
                 "-cp", f"{JARS}/*", *args]
 
-    def start(self, timeout: float = 90.0) -> "KraftBroker":
+    def start(self, timeout: float = 90.0, *, wait: bool = True) -> "KraftBroker":
         if not jars_available():
             raise RuntimeError(f"Kafka jars not found in {JARS} (run `make kafka-jars`) or no java")
         config = self._write_config()
-        cluster_id = "-"
-        while not cluster_id[0].isalnum():  # a leading '-' would be read as an option by the tool
-            cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        cluster_id = self.cluster_id or new_cluster_id()
         if not (self.dir / "data" / "meta.properties").exists():
             subprocess.run(self._java("kafka.tools.StorageTool", "format", "-t", cluster_id,
                                       "-c", str(config), "--ignore-formatted"),
@@ -123,7 +139,8 @@ class KraftBroker:
         self.proc = subprocess.Popen(self._java("kafka.Kafka", str(config)), stdout=out,
                                      stderr=subprocess.STDOUT, start_new_session=True,
                                      preexec_fn=_die_with_parent)
-        self._wait_ready(timeout)
+        if wait:
+            self._wait_ready(timeout)
         return self
 
     def _wait_ready(self, timeout: float) -> None:
@@ -156,3 +173,74 @@ class KraftBroker:
         if self.proc and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+
+
+class KraftCluster:
+    """Several combined broker+controller nodes on loopback, one KRaft quorum: replication 3
+    and min ISR 2 by default (transaction and offsets logs too), so that killing one broker
+    is a leader failover, not an outage. Small heaps: three nodes fit a 2-core machine."""
+
+    def __init__(self, nodes: int = 3, *, min_isr: int = 2, props: dict | None = None,
+                 heap: str = "384m") -> None:
+        self.root = Path(tempfile.mkdtemp(prefix="kraft-cluster-"))
+        ports = [(free_port(), free_port()) for _ in range(nodes)]
+        voters = ",".join(f"{i + 1}@127.0.0.1:{c}" for i, (_, c) in enumerate(ports))
+        replication = str(min(3, nodes))
+        shared = {
+            "offsets.topic.replication.factor": replication,
+            "transaction.state.log.replication.factor": replication,
+            "transaction.state.log.min.isr": str(min_isr),
+            "default.replication.factor": replication,
+            "min.insync.replicas": str(min_isr),
+            # a dead broker is fenced (its partitions fail over) within a few seconds
+            "broker.session.timeout.ms": "6000",
+            "broker.heartbeat.interval.ms": "1000",
+            **(props or {}),
+        }
+        cluster_id = new_cluster_id()
+        self.nodes: list[KraftBroker] = []
+        for i, (port, controller) in enumerate(ports):
+            node = KraftBroker(str(self.root / f"node{i + 1}"), port, node_id=i + 1,
+                               controller_port=controller, voters=voters, props=shared, heap=heap)
+            node.cluster_id = cluster_id
+            self.nodes.append(node)
+
+    @property
+    def bootstrap(self) -> str:
+        return ",".join(node.bootstrap for node in self.nodes)
+
+    def start(self, timeout: float = 120.0) -> "KraftCluster":
+        for node in self.nodes:   # the quorum forms only once a majority runs: start all first
+            node.start(wait=False)
+        deadline = time.monotonic() + timeout
+        for node in self.nodes:
+            node._wait_ready(max(1.0, deadline - time.monotonic()))
+        self.wait_brokers(len(self.nodes), timeout=max(1.0, deadline - time.monotonic()))
+        return self
+
+    def wait_brokers(self, count: int, timeout: float = 60.0) -> None:
+        from confluent_kafka.admin import AdminClient
+        quiet = logging.getLogger("kraft.wait")
+        quiet.setLevel(logging.CRITICAL)
+        admin = AdminClient({"bootstrap.servers": self.bootstrap}, logger=quiet)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if len(admin.list_topics(timeout=2).brokers) >= count:
+                    return
+            except Exception:  # noqa: BLE001 - not up yet
+                pass
+            time.sleep(0.3)
+        raise TimeoutError(f"{count} brokers not registered after {timeout}s; see {self.root}")
+
+    def node(self, node_id: int) -> KraftBroker:
+        return self.nodes[node_id - 1]
+
+    def leader_of(self, topic: str, partition: int) -> int:
+        from confluent_kafka.admin import AdminClient
+        admin = AdminClient({"bootstrap.servers": self.bootstrap})
+        return admin.list_topics(topic, timeout=10).topics[topic].partitions[partition].leader
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()

@@ -30,6 +30,7 @@ from stage.runtime.config import StageConfig
 from stage.runtime.loop import StageRuntime
 from stage.runtime.topics import create_topics
 from stage.wire import AvroCodec, TopicNames
+from stage.wire.partitioner import LIBRDKAFKA_PARTITIONER
 
 logger = logging.getLogger(__name__)
 
@@ -227,7 +228,8 @@ def measure_latency(bootstrap: str, cfg: StageConfig, inputs, rate_groups_s: flo
                     readable[gid] = time.monotonic()
 
     reader_thread = threading.Thread(target=read_rows, daemon=True)
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, "message.max.bytes": 64 << 20})
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, "message.max.bytes": 64 << 20,
+                         "partitioner": LIBRDKAFKA_PARTITIONER})
     try:
         stage.wait_ready()
         reader_thread.start()
@@ -293,7 +295,8 @@ def _run(bootstrap, groups, n, calls, tokens, layers, topk, partitions, latency_
         create_topics(admin, cfg, partitions=partitions)  # returns once every partition has a leader
     inputs = build_inputs(groups, n, calls, tokens, layers, topk)
     records = sum(len(r) for _, r in inputs)
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "message.max.bytes": 64 << 20})
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "message.max.bytes": 64 << 20,
+                         "partitioner": LIBRDKAFKA_PARTITIONER})
     nbytes = _fill(producer, sets["passthrough"], inputs)
     _fill(producer, sets["stage"], inputs)
     passthrough_s = run_passthrough(bootstrap, sets["passthrough"], records)

@@ -133,23 +133,30 @@ class PartitionBuffer:
         return outcome
 
     # -- readiness -------------------------------------------------------------------------
-    def deadline_actionable(self, deadline_ms: int, now_ms: int, caught_up: dict | None) -> bool:
+    def deadline_actionable(self, deadline_ms: int, now_ms: int, read_to_end: dict | None,
+                            force_before_ms: int | None = None) -> bool:
         """A deadline fires on the wall clock only once both input topics have been read past
-        it (a record stamped at or after it was seen) or are read to their end. Otherwise a
-        stage catching up after downtime would finalize groups before reading their staged
-        calls, which sit further along the other topic."""
+        it: a record stamped at or after it was seen, or the partition was read to its end as
+        of a moment at or after the deadline (``read_to_end``: topic -> that moment in ms, from
+        the brokers). Otherwise a stage catching up after downtime, or one whose partition
+        leader is failing over, would finalize groups before reading their records.
+        ``force_before_ms``: deadlines at or before it fire regardless (the bounded wait for an
+        unavailable partition)."""
         if now_ms < deadline_ms:
             return False
-        if caught_up is None:
+        if force_before_ms is not None and deadline_ms <= force_before_ms:
             return True
-        return all(caught_up.get(topic, False) or self.stream_time.get(topic, -1) >= deadline_ms
+        if read_to_end is None:
+            return True
+        return all(read_to_end.get(topic, -1) >= deadline_ms or self.stream_time.get(topic, -1) >= deadline_ms
                    for topic in (self.receipts_topic, self.staged_topic))
 
-    def take_ready(self, now_ms: int, caught_up: dict | None = None
+    def take_ready(self, now_ms: int, read_to_end: dict | None = None, *,
+                   force_before_ms: int | None = None
                    ) -> tuple[list[tuple[GroupState, str]], list[GroupState]]:
         """Groups to finalize now (complete first, then past deadline) and expired orphans
         (deadline passed with staged calls but no receipt: there is no N to publish).
-        ``caught_up``: topic -> whether this partition of it is read to its end (None: assume so)."""
+        ``read_to_end``: see ``deadline_actionable`` (None: assume read to the end now)."""
         ready: list[tuple[GroupState, str]] = []
         for group_id in sorted(self._complete):
             group = self.groups[group_id]
@@ -157,7 +164,8 @@ class PartitionBuffer:
             ready.append((group, COMPLETE))
         self._complete.clear()
         orphans: list[GroupState] = []
-        while self._deadlines and self.deadline_actionable(self._deadlines[0][0], now_ms, caught_up):
+        while self._deadlines and self.deadline_actionable(self._deadlines[0][0], now_ms, read_to_end,
+                                                           force_before_ms):
             _, group_id = heapq.heappop(self._deadlines)
             group = self.groups.get(group_id)
             if group is None or group.status != OPEN:

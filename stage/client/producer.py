@@ -37,6 +37,7 @@ from stage.contract import CallRecord, RolloutReceipt, StagedCallRecord
 from stage.contract.producer import RolloutBuilder
 from stage.finalize import StagedMedia, TopK
 from stage.wire import AvroCodec, TopicNames, value_subject
+from stage.wire.partitioner import LIBRDKAFKA_PARTITIONER
 
 @dataclass(frozen=True)
 class Delivery:
@@ -70,9 +71,12 @@ class DeliveryError(RuntimeError):
 
 
 def producer_defaults(bootstrap_servers: str, max_record_bytes: int) -> dict:
-    """Idempotent, acks=all, small linger (batching without adding visible latency)."""
+    """Idempotent, acks=all, small linger (batching without adding visible latency), and the
+    contract's partitioner (murmur2 of the key, as Kafka's Java client: librdkafka's default
+    would place group ids in other partitions than the stage expects)."""
     return {"bootstrap.servers": bootstrap_servers, "enable.idempotence": True, "acks": "all",
-            "linger.ms": 5, "message.max.bytes": max(max_record_bytes + (1 << 20), 1_000_000)}
+            "linger.ms": 5, "message.max.bytes": max(max_record_bytes + (1 << 20), 1_000_000),
+            "partitioner": LIBRDKAFKA_PARTITIONER}
 
 
 class StagingProducer:

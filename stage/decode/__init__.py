@@ -4,6 +4,8 @@ cannot be decoded raises DecodeError and is dead-lettered with its original byte
 from stage.decode.errors import DecodeError
 from stage.decode.limits import InputLimits
 from stage.decode.receipts import receipt_item
+from stage.decode.routing import MISROUTED, MisroutedError, check_routing
 from stage.decode.staged import staged_item, staged_row
 
-__all__ = ["DecodeError", "InputLimits", "receipt_item", "staged_item", "staged_row"]
+__all__ = ["DecodeError", "InputLimits", "MISROUTED", "MisroutedError", "check_routing", "receipt_item",
+           "staged_item", "staged_row"]

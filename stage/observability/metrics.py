@@ -18,7 +18,8 @@ SECONDS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 
 COUNTERS = {
     "records_consumed": ("records_consumed", "Input records consumed", ("topic",)),
     "records_skipped": ("records_skipped", "Input records skipped (late, replayed, duplicate, conflict)", ("topic", "reason")),
-    "dead_letters": ("dead_letters", "Input records sent to the dead-letter topic", ("topic",)),
+    "dead_letters": ("dead_letters", "Input records sent to the dead-letter topic, by error class "
+                     "(undecodable, invalid, misrouted, conflict)", ("topic", "reason")),
     "groups_published": ("groups_published", "Groups published, by outcome (complete, deadline, dropped)", ("outcome",)),
     "rows_published": ("rows_published", "Canonical rows published, by validity", ("valid",)),
     "rejections": ("rejections", "Rejected rollouts (placeholder rows), by reason bucket", ("bucket",)),
@@ -27,6 +28,9 @@ COUNTERS = {
     "transactions_committed": ("transactions_committed", "Output transactions committed", ()),
     "transactions_aborted": ("transactions_aborted", "Output transactions aborted (then rewound)", ()),
     "rebalances": ("rebalances", "Rebalance callbacks, by kind (assign, revoke, lost)", ("kind",)),
+    "finalize_errors": ("finalize_errors", "Groups that failed in finalization (their partition halts)", ()),
+    "deadlines_forced": ("deadlines_forced", "Deadlines fired after deadline_hold_max_ms of waiting for "
+                         "an unavailable input partition", ()),
 }
 GAUGES = {
     "open_groups": "Groups buffered and not yet published",
@@ -34,6 +38,9 @@ GAUGES = {
     "paused_partitions": "Input partitions paused by back-pressure",
     "assigned_partitions": "Input partitions assigned to this member (receipts and staged calls)",
     "inflight_groups": "Groups finalizing or waiting for a transaction",
+    "halted_partitions": "Partitions halted because a group failed in finalization",
+    "deadline_held_partitions": "Partitions whose due deadlines wait for an unavailable input partition",
+    "schema_registry_unavailable": "1 while records wait for a schema the registry cannot serve",
 }
 HISTOGRAMS = {
     "group_fill_seconds": "From a group's first input record to it being ready (complete or deadline)",

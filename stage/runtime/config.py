@@ -61,6 +61,9 @@ class StageConfig:
     transaction_timeout_ms: int = 120_000
     max_poll_interval_ms: int = 600_000
     revoke_budget_ms: int = 10_000            # on revoke, wait this long for in-flight groups
+    # Deadlines of a partition whose input partition is unavailable (leader failing over, fetch
+    # errors) wait for it; after this long past the deadline they fire anyway (placeholders).
+    deadline_hold_max_ms: int = 300_000
     poll_timeout_ms: int = 50
     metrics_port: int = 0                     # /metrics, /healthz, /readyz; 0 = no HTTP server
     statistics_interval_ms: int = 5000        # librdkafka statistics (consumer lag); 0 = off
@@ -78,7 +81,7 @@ class StageConfig:
             raise ValueError("framing 'confluent' needs schema_registry_url")
         for name in ("group_timeout_ms", "max_inflight_groups", "finalize_workers", "max_buffered_bytes",
                      "max_buffered_groups", "max_record_bytes", "publish_batch_groups",
-                     "transaction_timeout_ms", "max_poll_interval_ms"):
+                     "transaction_timeout_ms", "max_poll_interval_ms", "deadline_hold_max_ms"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if not 0 < self.resume_fraction < 1:

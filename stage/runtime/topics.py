@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+from confluent_kafka import TopicCollection
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from stage.runtime.config import StageConfig
@@ -81,3 +82,38 @@ def _wait_visible(admin: AdminClient, names: list[str], partitions: int, timeout
         if time.monotonic() > deadline:
             raise TopologyError(f"created topics not visible with leaders after {timeout}s: {names}")
         time.sleep(0.1)
+
+
+class PartitionWatch:
+    """Notices partitions added to an input topic while the stage runs (asynchronously: the
+    admin client's futures, checked from the loop). ``poll()`` -> (topic, new count) or None."""
+
+    def __init__(self, admin: AdminClient, topics, expected: int, interval_s: float) -> None:
+        self.admin, self.topics, self.expected, self.interval_s = admin, tuple(topics), expected, interval_s
+        self._next = time.monotonic() + interval_s
+        self._futures: dict | None = None
+
+    def poll(self) -> tuple[str, int] | None:
+        if self._futures is not None:
+            if not all(f.done() for f in self._futures.values()):
+                return None
+            futures, self._futures = self._futures, None
+            for topic, future in futures.items():
+                try:
+                    count = len(future.result().partitions)
+                except Exception:  # noqa: BLE001 - a failed lookup says nothing about the layout
+                    continue
+                if count != self.expected:
+                    return topic, count
+        if time.monotonic() >= self._next:
+            self._next = time.monotonic() + self.interval_s
+            try:
+                self._futures = self.admin.describe_topics(TopicCollection(list(self.topics)),
+                                                           request_timeout=10)
+            except Exception:  # noqa: BLE001 - retried at the next interval
+                self._futures = None
+        return None
+
+
+def watch_partition_counts(admin: AdminClient, topics, expected: int, interval_s: float) -> PartitionWatch:
+    return PartitionWatch(admin, topics, expected, interval_s)

@@ -10,7 +10,7 @@ from .codec import (
     AvroCodec,
     default_max_record_bytes,
 )
-from .errors import RegistryError, WireError
+from .errors import RegistryError, SchemaNotCached, WireError
 from .schemas import SCHEMAS_DIR_ENV, schema, schema_json, schema_names, schemas_dir
 from .tensors import STORAGE_DTYPES, pack_tensor, unpack_tensor, unpack_torch
 from .topics import (
@@ -28,7 +28,7 @@ from .topics import (
 
 __all__ = [
     "AvroCodec", "DEFAULT_MAX_RECORD_BYTES", "SMALL_RECORD_MAX_BYTES", "default_max_record_bytes",
-    "RegistryError", "WireError",
+    "RegistryError", "SchemaNotCached", "WireError",
     "SCHEMAS_DIR_ENV", "schema", "schema_json", "schema_names", "schemas_dir",
     "STORAGE_DTYPES", "pack_tensor", "unpack_tensor", "unpack_torch",
     "RECEIPTS_TOPIC", "STAGED_CALLS_TOPIC", "CANONICAL_ROWS_TOPIC", "ROUTE_PLANS_TOPIC",

@@ -22,7 +22,7 @@ from fastavro import parse_schema, schemaless_reader, schemaless_writer
 from fastavro.schema import to_parsing_canonical_form
 from fastavro.validation import validate
 
-from .errors import RegistryError, WireError
+from .errors import RegistryError, SchemaNotCached, WireError
 from .guard import check_decodable, find_error, int_range_checker, named_types
 from .schemas import schema, schema_json
 
@@ -134,8 +134,11 @@ class AvroCodec:
 
     # -- decode ---------------------------------------------------------------------------
 
-    def decode(self, data: bytes | bytearray | memoryview) -> dict:
-        """A schema-valid dict, or WireError for anything else the bytes may be."""
+    def decode(self, data: bytes | bytearray | memoryview, *, fetch: bool = True) -> dict:
+        """A schema-valid dict, or WireError for anything else the bytes may be.
+
+        ``fetch=False`` never calls the registry: a schema id not resolved yet raises
+        ``SchemaNotCached`` (the consumer loop resolves it on another thread with ``prefetch``)."""
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise WireError(f"expected bytes, got {type(data).__name__}")
         size = data.nbytes if isinstance(data, memoryview) else len(data)
@@ -149,7 +152,7 @@ class AvroCodec:
             if data[0] != MAGIC:
                 raise WireError(f"magic byte 0x{data[0]:02x} is not 0x00 (Confluent v0 "
                                 "framing; the v1 GUID framing is not supported)")
-            writer, start = self._writer_schema(int.from_bytes(data[1:5], "big")), HEADER_BYTES
+            writer, start = self._writer_schema(int.from_bytes(data[1:5], "big"), fetch), HEADER_BYTES
         buf = io.BytesIO(data)
         buf.seek(start)
         try:
@@ -168,7 +171,30 @@ class AvroCodec:
                             field=f"{self.schema_name}{bad[0]}")
         return record
 
-    def _writer_schema(self, schema_id: int) -> Any:
+    def schema_id_of(self, data: bytes) -> int | None:
+        """The schema id in a Confluent-framed record's header (None if it has none)."""
+        if self.framing != "confluent" or len(data) < HEADER_BYTES or data[0] != MAGIC:
+            return None
+        return int.from_bytes(data[1:5], "big")
+
+    def prefetch(self, schema_id: int) -> None:
+        """Resolve ``schema_id`` into the cache (blocking; raises RegistryError on an outage).
+        A refusal (the registry says it does not exist, or the schema is unusable) is cached
+        too, so that the records naming it are dead-lettered when decoded again."""
+        try:
+            self._writer_schema(schema_id, True)
+        except RegistryError as e:
+            if e.retriable:
+                raise
+        except WireError:
+            pass
+
+    def ensure_registered(self) -> None:
+        """Resolve our own schema id now (encoding must not wait on the registry later)."""
+        if self.framing == "confluent" and self._header is None:
+            self._register()
+
+    def _writer_schema(self, schema_id: int, fetch: bool = True) -> Any:
         """Parsed writer schema of ``schema_id`` (None when it reads as ours), cached."""
         if schema_id in self._writers:
             writer = self._writers[schema_id]
@@ -177,6 +203,8 @@ class AvroCodec:
             return writer
         if self._missing.get(schema_id, 0.0) > time.monotonic():
             raise RegistryError(f"schema id {schema_id} is not in the registry", retriable=False)
+        if not fetch:
+            raise SchemaNotCached(schema_id)
         try:
             registered = self.registry.get_schema(schema_id)
         except Exception as e:

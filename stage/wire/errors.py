@@ -26,3 +26,12 @@ class RegistryError(WireError):
     def __init__(self, message: str, *, retriable: bool) -> None:
         super().__init__(message)
         self.retriable = retriable
+
+
+class SchemaNotCached(RegistryError):
+    """``decode(..., fetch=False)`` met a schema id it has not resolved yet: resolve it off the
+    poll thread (``AvroCodec.prefetch``) and decode the record again."""
+
+    def __init__(self, schema_id: int) -> None:
+        super().__init__(f"schema id {schema_id} is not resolved yet", retriable=True)
+        self.schema_id = schema_id

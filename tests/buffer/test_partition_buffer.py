@@ -188,7 +188,7 @@ def test_deadline_waits_while_the_stage_catches_up_on_the_other_topic():
     b = buffer(timeout_ms=1000)
     b.add_receipt(receipt("g", 0, 0, keys=["k"], size=1, ts=10_000), clock.now_ms())
     b.add_receipt(receipt("h", 0, 1, keys=["hk"], size=1, ts=20_000), clock.now_ms())
-    lagging = {R: True, S: False}
+    lagging = {R: clock.now_ms(), S: -1}   # receipts read to their end now; staged calls not
     assert b.take_ready(clock.now_ms(), lagging) == ([], [])
     b.add_staged(staged("x", "other", 0, ts=10_500), clock.now_ms())       # still before 11_000
     assert b.take_ready(clock.now_ms(), lagging)[0] == []
@@ -202,5 +202,23 @@ def test_deadline_waits_while_the_stage_catches_up_on_the_other_topic():
 def test_caught_up_topics_let_deadlines_fire_with_no_traffic():
     b = buffer(timeout_ms=1000)
     b.add_receipt(receipt("g", 0, 0, keys=["k"], size=1, ts=0), 0)
-    assert b.take_ready(5000, {R: True, S: False})[0] == []
-    assert [why for _, why in b.take_ready(5000, {R: True, S: True})[0]] == [DEADLINE]
+    assert b.take_ready(5000, {R: 5000, S: -1})[0] == []
+    assert [why for _, why in b.take_ready(5000, {R: 5000, S: 5000})[0]] == [DEADLINE]
+
+
+def test_read_to_the_end_before_the_deadline_does_not_count():
+    # An end offset asked for before the deadline says nothing about records produced between
+    # that moment and the deadline (a failover may still hold them in a producer).
+    b = buffer(timeout_ms=1000)
+    b.add_receipt(receipt("g", 0, 0, keys=["k"], size=1, ts=0), 0)
+    assert b.take_ready(5000, {R: 999, S: 4000})[0] == []
+    assert [why for _, why in b.take_ready(5000, {R: 1000, S: 4000})[0]] == [DEADLINE]
+
+
+def test_forced_deadlines_fire_without_the_input_being_read():
+    b = buffer(timeout_ms=1000)
+    b.add_receipt(receipt("g", 0, 0, keys=["k"], size=1, ts=0), 0)
+    b.add_receipt(receipt("h", 0, 1, keys=["hk"], size=1, ts=3000), 3000)
+    assert b.take_ready(9000, {}, force_before_ms=999)[0] == []
+    ready, _ = b.take_ready(9000, {}, force_before_ms=1000)
+    assert [g.group_id for g, _ in ready] == ["g"]          # h's deadline (4000) is not forced

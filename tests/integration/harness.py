@@ -22,6 +22,7 @@ from stage.runtime.config import StageConfig
 from stage.runtime.loop import StageRuntime
 from stage.runtime.topics import create_topics
 from stage.wire import AvroCodec, TopicNames
+from stage.wire.partitioner import LIBRDKAFKA_PARTITIONER
 
 _ids = itertools.count()
 
@@ -90,7 +91,8 @@ class Feeder:
     def __init__(self, bootstrap: str, topics: TopicNames) -> None:
         self.topics = topics
         self.producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 2,
-                                  "message.max.bytes": 64 << 20})
+                                  "message.max.bytes": 64 << 20,
+                                  "partitioner": LIBRDKAFKA_PARTITIONER})
         self.receipt_codec = AvroCodec("ReceiptEvent")
         self.staged_codec = AvroCodec("StagedCall")
 

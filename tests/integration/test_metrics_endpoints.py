@@ -65,7 +65,7 @@ def test_metrics_and_health_during_a_real_run(kafka):
     assert _sample(metrics, p + "rows_published_total", valid="false") == 2
     assert _sample(metrics, p + "rejections_total", bucket="rollout_failed") == 1
     assert _sample(metrics, p + "rejections_total", bucket="missing_receipt") == 1
-    assert _sample(metrics, p + "dead_letters_total", topic=topics.receipts) == 1
+    assert _sample(metrics, p + "dead_letters_total", topic=topics.receipts, reason="undecodable") == 1
     consumed = _sample(metrics, p + "records_consumed_total")
     # every consumed record counts, the dead-lettered one included
     assert consumed == sum(len(g.staged) for g in groups) + 3 + 3 + 3 + 2 + 1

@@ -4,6 +4,7 @@ abort-and-rewind after a failed transaction, at-least-once mode, and back-pressu
 import pytest
 
 from stage.finalize import ReassemblyConfig
+from stage.runtime.pauses import BACKPRESSURE
 from stage.publish import PublishAborted
 from stage.wire import AvroCodec
 from tests.integration.harness import (
@@ -114,13 +115,21 @@ def test_back_pressure_pauses_at_the_cap_and_still_publishes_everything(kafka):
     cfg, topics = _run(kafka, groups, finalize=finalize, max_buffered_groups=3, max_inflight_groups=2)
     paused = []
     stage = RunningStage(cfg)
-    original = stage.runtime._pause_all
+    pauses = stage.runtime.pauses
+    hold, release = pauses.hold, pauses.release_everywhere
 
-    def spy(pause):
-        paused.append(pause)
-        original(pause)
+    def spy_hold(partition, reason):
+        if reason == BACKPRESSURE:
+            paused.append(True)
+        hold(partition, reason)
 
-    stage.runtime._pause_all = spy   # before the loop starts: the cap is hit on the first batch
+    def spy_release(reason):
+        if reason == BACKPRESSURE:
+            paused.append(False)
+        release(reason)
+
+    # before the loop starts: the cap is hit on the first batch
+    pauses.hold, pauses.release_everywhere = spy_hold, spy_release
     with stage:
         stage.wait(lambda: stage.runtime.stats.total("groups_published") >= 20, 90, "all groups")
     assert True in paused and False in paused          # paused at the cap, resumed when drained

@@ -3,6 +3,7 @@
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from stage.runtime.exits import EXIT_TOPOLOGY, StageExit
 from stage.runtime.loop import StageRuntime
 from stage.runtime.topics import TopologyError, check_copartitioning, create_topics
 from tests.integration.harness import stage_config, unique_topics
@@ -20,8 +21,9 @@ def test_missing_and_mismatched_topics_are_refused_with_a_clear_message(kafka):
     assert topics.receipts not in created and topics.staged_calls in created
     with pytest.raises(TopologyError, match=r"same number of partitions.*receipts=3.*staged-calls=2"):
         check_copartitioning(admin, cfg)
-    with pytest.raises(TopologyError):
+    with pytest.raises(StageExit, match=r"refusing to start: .*same number of partitions") as info:
         StageRuntime(cfg).start()
+    assert info.value.code == EXIT_TOPOLOGY
 
 
 def test_created_layout_passes_and_the_ledger_is_compacted(kafka):

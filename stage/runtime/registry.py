@@ -1,0 +1,98 @@
+"""Schema ids met by the poll loop, resolved on another thread.
+
+With Schema Registry framing a record names its writer schema by id. The loop never calls the
+registry: a record whose id is not cached yet is put back (its partition is sought back and
+paused), the id is resolved here, and the partition resumes once the registry has answered. An
+outage is retriable: records wait, nothing is dead-lettered or committed past them, and the
+loop keeps polling (so the group membership, /healthz and SIGTERM keep working). Only an
+answer that the schema does not exist, or is unusable, makes the records undecodable.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from stage.wire import RegistryError
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _Request:
+    codec: object
+    schema_id: int
+    partitions: set = field(default_factory=set)
+    future: Future | None = None
+    attempts: int = 0
+    retry_at: float = 0.0
+    error: str | None = None
+
+
+class SchemaResolver:
+    def __init__(self, *, min_backoff_s: float = 0.5, max_backoff_s: float = 30.0,
+                 clock=time.monotonic) -> None:
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="schema-registry")
+        self.min_backoff_s, self.max_backoff_s = min_backoff_s, max_backoff_s
+        self.clock = clock
+        self.requests: dict[tuple[str, int], _Request] = {}
+        self.last_error: str | None = None
+
+    def request(self, codec, schema_id: int, partition: int) -> None:
+        key = (codec.schema_name, schema_id)
+        req = self.requests.get(key)
+        if req is None:
+            req = self.requests[key] = _Request(codec, schema_id)
+        req.partitions.add(partition)
+        if req.future is None and req.retry_at <= self.clock():
+            req.future = self.pool.submit(codec.prefetch, schema_id)
+
+    def poll(self) -> set[int]:
+        """Partitions whose every pending schema is now resolved (or refused)."""
+        now = self.clock()
+        done: set[int] = set()
+        for key, req in list(self.requests.items()):
+            if req.future is None:
+                if req.retry_at <= now:
+                    req.future = self.pool.submit(req.codec.prefetch, req.schema_id)
+                continue
+            if not req.future.done():
+                continue
+            error = req.future.exception()
+            req.future = None
+            if error is None:
+                if req.attempts:
+                    logger.info("schema registry answered for schema id %d after %d failed attempts",
+                                req.schema_id, req.attempts)
+                del self.requests[key]
+                done |= req.partitions
+                continue
+            req.attempts += 1
+            backoff = min(self.max_backoff_s, self.min_backoff_s * 2 ** (req.attempts - 1))
+            req.retry_at = now + backoff
+            req.error = str(error) if isinstance(error, RegistryError) else f"{type(error).__name__}: {error}"
+            self.last_error = req.error
+            if req.attempts == 1 or req.attempts % 10 == 0:
+                logger.warning("schema registry unavailable for schema id %d (%s); records of "
+                               "partitions %s wait, retrying in %.1fs", req.schema_id, req.error,
+                               sorted(req.partitions), backoff)
+        still = {p for req in self.requests.values() for p in req.partitions}
+        if not self.requests:
+            self.last_error = None
+        return done - still
+
+    def forget(self, partitions) -> None:
+        for req in self.requests.values():
+            req.partitions -= set(partitions)
+        for key in [k for k, r in self.requests.items() if not r.partitions and r.future is None]:
+            del self.requests[key]
+
+    @property
+    def unavailable(self) -> bool:
+        """True while some schema id could not be resolved because the registry failed."""
+        return any(req.attempts for req in self.requests.values())
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,79 @@
+"""Checks before joining the consumer group: anything here would fail every group, so the stage
+refuses to start with a message that says what to fix, instead of joining and then publishing
+placeholders, dropping groups, or crash-looping on a traceback."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient
+
+from stage.runtime import exits
+from stage.runtime.config import StageConfig
+from stage.runtime.topics import TopologyError, check_copartitioning
+from stage.wire import WireError
+
+logger = logging.getLogger(__name__)
+
+_QUIET = logging.getLogger("stage.runtime.startup.librdkafka")  # connection-refused noise
+
+
+def connect_admin(cfg: StageConfig, timeout_s: float = 15.0) -> tuple[AdminClient, int]:
+    """An admin client that has reached the cluster, and the co-partitioned topics' count."""
+    admin = AdminClient({"bootstrap.servers": cfg.bootstrap_servers, **cfg.kafka}, logger=_QUIET)
+    try:
+        admin.list_topics(timeout=timeout_s)
+    except KafkaException as error:
+        raise exits.StageExit(exits.EXIT_KAFKA_UNREACHABLE, (
+            f"no Kafka broker answered at {cfg.bootstrap_servers} within {timeout_s:.0f}s "
+            f"({error.args[0].str() if error.args else error}). Check bootstrap_servers "
+            "(ROLLOUT_REASSEMBLER_BOOTSTRAP_SERVERS or KAFKA_BOOTSTRAP_SERVERS), that the brokers "
+            "run and are reachable from here, and the security settings under `kafka:` "
+            "(security.protocol, sasl.*, ssl.*) if the listener needs them.")) from None
+    try:
+        return admin, check_copartitioning(admin, cfg)
+    except TopologyError as error:
+        raise exits.StageExit(exits.EXIT_TOPOLOGY, f"refusing to start: {error}") from None
+
+
+def probe_device(spec: str) -> None:
+    """Allocate on the finalize device once: a missing GPU fails here, not in every group."""
+    try:
+        import torch
+
+        from stage.routes import resolve_device
+        device = resolve_device(spec)
+        (torch.zeros(8, device=device) + 1).sum().item()
+    except Exception as error:  # noqa: BLE001 - torch raises RuntimeError, AssertionError, ...
+        raise exits.StageExit(exits.EXIT_DEVICE, (
+            f"the finalize device {spec!r} cannot be used: {type(error).__name__}: {error}. Set "
+            "finalize.device to cpu, or to cuda / cuda:N on a host whose GPU torch can see "
+            "(auto picks CUDA when present). With the Helm chart, gpu.enabled=true needs a GPU "
+            "node and the CUDA image.")) from None
+    logger.info("finalize device %s is usable", device)
+
+
+def register_output_schemas(codecs: dict, names, stop, timeout_s: float = 60.0) -> None:
+    """Schema Registry framing: resolve the ids of the stage's own output schemas now, so
+    publishing never waits on the registry; retried through a short outage."""
+    deadline = time.monotonic() + timeout_s
+    delay = 0.5
+    for name in names:
+        codec = codecs[name]
+        while True:
+            try:
+                codec.ensure_registered()
+                break
+            except WireError as error:
+                retriable = getattr(error, "retriable", False)
+                if not retriable or time.monotonic() + delay > deadline or stop.is_set():
+                    raise exits.StageExit(exits.EXIT_SCHEMA_REGISTRY, (
+                        f"cannot register the {name} schema under subject {codec.subject}: {error}. "
+                        "Check schema_registry_url and that the registry runs; a subject whose "
+                        "compatibility rules refuse this schema needs the rules relaxed or the "
+                        "subject migrated.")) from None
+                logger.warning("schema registry not answering (%s); retrying in %.1fs", error, delay)
+                stop.wait(delay)
+                delay = min(delay * 2, 10.0)
