@@ -114,15 +114,17 @@ def _runtime_command(args) -> int:
         except TopologyError as error:
             print(f"topology error: {error}", file=sys.stderr)
             return 1
+    from stage.runtime.exits import StageExit
     from stage.runtime.loop import StageRuntime
     runtime = StageRuntime(cfg)
     runtime.install_signal_handlers()
     try:
         runtime.start()
-    except TopologyError as error:
-        print(f"refusing to start: {error}", file=sys.stderr)
-        return 1
-    runtime.run()
+        runtime.run()
+    except StageExit as error:
+        logging.getLogger("stage").error("stopping (exit %d): %s", error.code, error)
+        print(f"rollout-reassembler: {error}", file=sys.stderr)
+        return error.code
     return 0
 
 
