@@ -199,9 +199,7 @@ class StageRuntime:
             buffer.skip(topic, offset, position.timestamp_ms)
             return
         if outcome == CONFLICT:  # well-formed but contradicts its group: keep it, visibly
-            self._dead_letter(msg, DecodeError(
-                f"conflicts with group {item.group_id}: group_size {item.group_size}, "
-                f"rollout_index {getattr(item, 'rollout_index', '-')}"))
+            self._dead_letter(msg, DecodeError(buffer.last_conflict))
         if outcome != ADDED:
             self.stats.inc("records_skipped", topic=topic, reason=outcome)
             self._offsets_dirty = True
@@ -211,7 +209,7 @@ class StageRuntime:
             ("source-topic", msg.topic().encode()), ("source-partition", str(msg.partition()).encode()),
             ("source-offset", str(msg.offset()).encode()),
             ("error", f"{type(error).__name__}: {error}"[:4000].encode("utf-8", "replace"))]
-        self.dead_letters.append((self.cfg.topics.dead_letter, None, msg.key(), msg.value() or b"", headers))
+        self.dead_letters.append((self.cfg.topics.dead_letter, None, msg.key(), msg.value(), headers))
         self.stats.inc("dead_letters", topic=msg.topic())
         logger.warning("dead-lettered %s[%d]@%d: %s", msg.topic(), msg.partition(), msg.offset(), error)
 
