@@ -21,6 +21,6 @@ from stage.buffer.partition import (
 
 __all__ = [
     "ADDED", "COMPLETE", "CONFLICT", "DEADLINE", "DUPLICATE", "IN_FLIGHT", "LATE",
-    "MAX_GROUP_RESULT_FIELDS", "OPEN", "REPLAYED", "Clock", "GroupFields", "GroupState", "ManualClock", "PartitionBuffer", "Position", "Published",
-    "ReceiptItem", "StagedItem", "SystemClock",
+    "MAX_GROUP_RESULT_FIELDS", "OPEN", "REPLAYED", "Clock", "GroupFields", "GroupState",
+    "ManualClock", "PartitionBuffer", "Position", "Published", "ReceiptItem", "StagedItem", "SystemClock",
 ]
