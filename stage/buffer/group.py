@@ -1,9 +1,11 @@
-"""One prompt group being joined: its receipts by rollout index and its staged calls by key."""
+"""One prompt group being joined: its receipts by rollout index, its staged calls by key, and
+the group-level fields its first receipt established."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from stage.buffer.fields import GroupFields, aggregate_result_stats
 from stage.buffer.items import ReceiptItem, StagedItem
 
 OPEN, IN_FLIGHT = "open", "in_flight"
@@ -13,9 +15,10 @@ OPEN, IN_FLIGHT = "open", "in_flight"
 class GroupState:
     group_id: str
     partition: int
-    first_timestamp_ms: int
-    deadline_ms: int
-    group_size: int | None = None
+    first_timestamp_ms: int        # earliest Kafka timestamp of the group's records
+    deadline_ms: int               # earliest (timestamp, clamped to our clock) + group timeout
+    fields: GroupFields | None = None   # set by the first receipt admitted
+    result_fields: set[str] = field(default_factory=set)   # result_stats fields its receipts name
     receipts: dict[int, ReceiptItem] = field(default_factory=dict)
     staged: dict[str, StagedItem] = field(default_factory=dict)
     status: str = OPEN
@@ -31,7 +34,16 @@ class GroupState:
             self.min_offsets[topic] = offset
         if offset > self.max_offsets.get(topic, -1):
             self.max_offsets[topic] = offset
+        self.first_timestamp_ms = min(self.first_timestamp_ms, timestamp_ms)
         self.last_timestamp_ms = max(self.last_timestamp_ms, timestamp_ms)
+
+    @property
+    def group_size(self) -> int | None:
+        return None if self.fields is None else self.fields.group_size
+
+    def result_stats(self) -> tuple[tuple[str, float, int], ...]:
+        """(field, sum, count) summed over every receipt the group holds, in rollout order."""
+        return aggregate_result_stats(self.receipts[i] for i in sorted(self.receipts))
 
     def named_keys(self) -> set[str]:
         return {key for item in self.receipts.values() for key in item.staging_keys}

@@ -13,6 +13,7 @@ import heapq
 from collections import Counter
 from dataclasses import dataclass
 
+from stage.buffer.fields import GroupFields, conflict_text, result_fields_text
 from stage.buffer.group import IN_FLIGHT, OPEN, GroupState
 from stage.buffer.items import ReceiptItem, StagedItem
 
@@ -21,7 +22,7 @@ ADDED = "added"
 DUPLICATE = "duplicate"        # same rollout_index / staging_key already buffered: first one wins
 LATE = "late"                  # its group is in flight or already published
 REPLAYED = "replayed"          # re-read after a restart; the ledger says its group is published
-CONFLICT = "conflict"          # contradicts the group (another group_size, index out of range)
+CONFLICT = "conflict"          # contradicts the group's fields (stage.buffer.fields) or its N
 
 COMPLETE = "complete"
 DEADLINE = "deadline"
@@ -52,17 +53,21 @@ class PartitionBuffer:
         self.counts: Counter = Counter()
         self._deadlines: list[tuple[int, str]] = []
         self._complete: set[str] = set()
+        self.last_conflict: str | None = None    # why the last CONFLICT was one
 
     # -- intake ----------------------------------------------------------------------------
     def _group_for(self, group_id: str, timestamp_ms: int, now_ms: int) -> GroupState:
         group = self.groups.get(group_id)
         if group is None:
-            # A producer clock ahead of ours must not extend the deadline.
-            first = min(timestamp_ms, now_ms)
-            group = GroupState(group_id, self.partition, first, first + self.group_timeout_ms)
+            group = GroupState(group_id, self.partition, timestamp_ms,
+                               self._deadline_of(timestamp_ms, now_ms))
             self.groups[group_id] = group
             heapq.heappush(self._deadlines, (group.deadline_ms, group_id))
         return group
+
+    def _deadline_of(self, timestamp_ms: int, now_ms: int) -> int:
+        # A producer clock ahead of ours must not extend the deadline.
+        return min(timestamp_ms, now_ms) + self.group_timeout_ms
 
     def skip(self, topic: str, offset: int, timestamp_ms: int = 0) -> None:
         """A record handled without buffering (dead-lettered): it no longer holds the watermark."""
@@ -83,25 +88,41 @@ class PartitionBuffer:
         return None
 
     def add_receipt(self, item: ReceiptItem, now_ms: int) -> str:
+        """ADDED, DUPLICATE, LATE, REPLAYED or CONFLICT; after CONFLICT ``last_conflict`` says
+        which field contradicts the group (the runtime forwards it to the dead letter)."""
         pos = item.position
         self._seen(pos.topic, pos.offset, pos.timestamp_ms)
         closed = self._closed(item.group_id)
         if closed:
             return self._count(closed, "receipt")
-        if not (0 < item.group_size and 0 <= item.rollout_index < item.group_size):
-            return self._count(CONFLICT, "receipt")
-        group = self.groups.get(item.group_id)
-        if group is not None and group.group_size not in (None, item.group_size):
+        conflict = self._conflict(item)
+        if conflict:
+            self.last_conflict = conflict
             return self._count(CONFLICT, "receipt")
         group = self._group_for(item.group_id, pos.timestamp_ms, now_ms)
         if item.rollout_index in group.receipts:
             return self._count(DUPLICATE, "receipt")
-        group.group_size = item.group_size
+        if group.fields is None:
+            group.fields = GroupFields.of(item)
         group.receipts[item.rollout_index] = item
-        self._admit(group, item.nbytes, pos)
+        group.result_fields.update(field for field, _sum, _count in item.result_stats)
+        self._admit(group, item.nbytes, pos, now_ms)
         group.invalidate()
         self._check_complete(group)
         return self._count(ADDED, "receipt")
+
+    def _conflict(self, item: ReceiptItem) -> str | None:
+        if not (0 < item.group_size and 0 <= item.rollout_index < item.group_size):
+            return (f"conflicts with group {item.group_id}: rollout_index {item.rollout_index} "
+                    f"out of range for group_size {item.group_size}")
+        group = self.groups.get(item.group_id)
+        if group is None:
+            return result_fields_text(set(), item)
+        if group.fields is not None:
+            text = conflict_text(group.fields, item)
+            if text:
+                return text
+        return result_fields_text(group.result_fields, item)
 
     def add_staged(self, item: StagedItem, now_ms: int) -> str:
         pos = item.position
@@ -113,16 +134,23 @@ class PartitionBuffer:
         if item.staging_key in group.staged:
             return self._count(DUPLICATE, "staged")
         group.staged[item.staging_key] = item
-        self._admit(group, item.nbytes, pos)
+        self._admit(group, item.nbytes, pos, now_ms)
         if group._missing_keys is not None:
             group._missing_keys.discard(item.staging_key)
         self._check_complete(group)
         return self._count(ADDED, "staged")
 
-    def _admit(self, group: GroupState, nbytes: int, pos) -> None:
+    def _admit(self, group: GroupState, nbytes: int, pos, now_ms: int) -> None:
         group.nbytes += nbytes
         self.nbytes += nbytes
         group.note_position(pos.topic, pos.offset, pos.timestamp_ms)
+        # The deadline counts from the earliest record, not the first one read: which topic
+        # the consumer happens to read first (after a restart, too) must not move it later.
+        # An earlier deadline is pushed; the stale later entry is skipped or fires no earlier.
+        deadline = self._deadline_of(pos.timestamp_ms, now_ms)
+        if deadline < group.deadline_ms:
+            group.deadline_ms = deadline
+            heapq.heappush(self._deadlines, (deadline, group.group_id))
 
     def _check_complete(self, group: GroupState) -> None:
         if group.status == OPEN and group.complete:

@@ -14,3 +14,8 @@ class InputLimits:
     max_topk: int = 1024
     max_media_bytes: int = 1 << 30
     max_id_chars: int = 4096            # group ids, rollout ids, staging keys
+    # Per-label metrics are labels x result fields keys in one GroupSummary (8 MiB cap): 32
+    # labels x 128 fields x 2 keys of <= ~420 characters stay near 3.5 MB.
+    max_labels: int = 32                # labels of one receipt
+    max_result_stats: int = 128         # result_stats entries of one receipt
+    max_name_chars: int = 128           # a label's scope or name, a result_stats field

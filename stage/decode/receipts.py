@@ -19,6 +19,39 @@ def _identifier(value, field: str, limits: InputLimits) -> str:
     return value
 
 
+def _name(value: str, field: str, limits: InputLimits) -> str:
+    if len(value) > limits.max_name_chars:
+        raise DecodeError(f"longer than {limits.max_name_chars} characters", field=field)
+    return value
+
+
+def _labels(labels: list, limits: InputLimits) -> tuple[tuple[str, str], ...]:
+    if len(labels) > limits.max_labels:
+        raise DecodeError(f"{len(labels)} labels, more than {limits.max_labels}", field="labels")
+    return tuple((_name(label["scope"], f"labels[{i}].scope", limits),
+                  _name(label["name"], f"labels[{i}].name", limits)) for i, label in enumerate(labels))
+
+
+def _result_stats(stats: list, limits: InputLimits) -> tuple[tuple[str, float, int], ...]:
+    """One rollout's (field, sum, count): each field once (the group sums receipts, not a
+    receipt's own repeats), a finite sum and a count >= 0."""
+    if len(stats) > limits.max_result_stats:
+        raise DecodeError(f"{len(stats)} entries, more than {limits.max_result_stats}",
+                          field="result_stats")
+    seen: dict[str, int] = {}
+    for i, stat in enumerate(stats):
+        name = _name(stat["field"], f"result_stats[{i}].field", limits)
+        if name in seen:
+            raise DecodeError(f"{name!r} listed twice (also result_stats[{seen[name]}])",
+                              field=f"result_stats[{i}].field")
+        seen[name] = i
+        if not math.isfinite(stat["sum"]):
+            raise DecodeError(f"must be finite, got {stat['sum']!r}", field=f"result_stats[{i}].sum")
+        if stat["count"] < 0:
+            raise DecodeError(f"must be >= 0, got {stat['count']!r}", field=f"result_stats[{i}].count")
+    return tuple((s["field"], float(s["sum"]), int(s["count"])) for s in stats)
+
+
 def receipt_item(record: dict, position: Position, nbytes: int,
                  limits: InputLimits = InputLimits()) -> ReceiptItem:
     group_id = _identifier(record.get("group_id"), "group_id", limits)
@@ -48,5 +81,5 @@ def receipt_item(record: dict, position: Position, nbytes: int,
         loss_multiplier=float(record.get("loss_multiplier", 1.0)),
         fallback_weight_version=int(record.get("fallback_weight_version", 0)),
         canonical_sample_id=canonical,
-        labels=tuple((label["scope"], label["name"]) for label in record.get("labels", ())),
-        result_stats=tuple((s["field"], s["sum"], s["count"]) for s in record.get("result_stats", ())))
+        labels=_labels(record.get("labels", []), limits),
+        result_stats=_result_stats(record.get("result_stats", []), limits))

@@ -296,9 +296,7 @@ class StageRuntime:
             return
         outcome = buffer.add_receipt(item, now_ms) if receipts else buffer.add_staged(item, now_ms)
         if outcome == CONFLICT:  # well-formed but contradicts its group: keep it, visibly
-            self._reject(msg, None, position, DecodeError(
-                f"conflicts with group {item.group_id}: group_size {item.group_size}, "
-                f"rollout_index {getattr(item, 'rollout_index', '-')}"), CONFLICT_CLASS)
+            self._reject(msg, None, position, DecodeError(buffer.last_conflict), CONFLICT_CLASS)
         if outcome != ADDED:
             self.stats.inc("records_skipped", topic=topic, reason=outcome)
             self._offsets_dirty = True

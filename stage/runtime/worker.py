@@ -46,10 +46,9 @@ class Outputs:
 
 
 def context_of(group: GroupState, why: str, topics) -> GroupContext:
-    any_receipt = next(iter(group.receipts.values()))
     return GroupContext(
         group_id=group.group_id, partition=group.partition, group_size=group.group_size,
-        prompt_idx=any_receipt.prompt_idx, outcome=why, first_timestamp_ms=group.first_timestamp_ms,
+        prompt_idx=group.fields.prompt_idx, outcome=why, first_timestamp_ms=group.first_timestamp_ms,
         last_timestamp_ms=group.last_timestamp_ms, max_offsets=dict(group.max_offsets),
         staged_positions={k: item.position for k, item in group.staged.items()})
 
@@ -81,8 +80,7 @@ def _finalize_into(out: Outputs, group: GroupState, why: str, *, config, dims_ca
     ctx = out.context
     n = group.group_size
     receipts = [group.receipts.get(i) for i in range(n)]
-    present = [r for r in receipts if r is not None]
-    first = present[0]
+    fields = group.fields   # group-level: the first receipt's (the buffer refused contradictions)
     rollout_ids = [r.rollout_id if r else f"{group.group_id}_g{i}" for i, r in enumerate(receipts)]
     source = BufferTokenSource(group.staged, partition_name=topics.staged_calls, limits=limits)
     finalizer = GroupFinalizer(source, config, dims_cache)
@@ -90,9 +88,9 @@ def _finalize_into(out: Outputs, group: GroupState, why: str, *, config, dims_ca
         group.group_id, rollout_ids, [r.receipt if r else None for r in receipts],
         [r.reward if r else 0.0 for r in receipts],
         mask_sample=[r.mask_sample if r else False for r in receipts],
-        fallback_weight_version=first.fallback_weight_version, prompt_idx=first.prompt_idx,
-        loss_multiplier=first.loss_multiplier, group_labels=first.labels,
-        result_stats=first.result_stats)
+        fallback_weight_version=fields.fallback_weight_version, prompt_idx=fields.prompt_idx,
+        loss_multiplier=fields.loss_multiplier, group_labels=fields.labels,
+        result_stats=group.result_stats())
     encoded_rows = [codecs["CanonicalRow"].encode(row_record(row)) for row in result.rows]
     records = [(topics.canonical_rows, blob) for blob in encoded_rows]
     if config.router_replay and config.defer_routes:

@@ -34,10 +34,10 @@ def test_group_ready_only_when_all_receipts_and_named_rows_arrived():
     assert b.add_staged(staged("g", "r0/a", 0, ts=10_000), clock.now_ms()) == ADDED
     assert b.add_receipt(receipt("g", 0, 0, keys=["r0/a"], ts=10_000), clock.now_ms()) == ADDED
     assert b.take_ready(clock.now_ms()) == ([], [])
-    assert b.add_receipt(receipt("g", 1, 1, keys=["r1/a", "r1/b"]), clock.now_ms()) == ADDED
-    b.add_staged(staged("g", "r1/a", 1), clock.now_ms())
+    assert b.add_receipt(receipt("g", 1, 1, keys=["r1/a", "r1/b"], ts=10_000), clock.now_ms()) == ADDED
+    b.add_staged(staged("g", "r1/a", 1, ts=10_000), clock.now_ms())
     assert b.take_ready(clock.now_ms())[0] == []        # r1/b still missing
-    b.add_staged(staged("g", "r1/b", 2), clock.now_ms())
+    b.add_staged(staged("g", "r1/b", 2, ts=10_000), clock.now_ms())
     ready, orphans = b.take_ready(clock.now_ms())
     assert [(g.group_id, why) for g, why in ready] == [("g", COMPLETE)] and orphans == []
     assert b.take_ready(clock.now_ms()) == ([], [])     # taken once
