@@ -18,6 +18,7 @@ from stage.contract import TERMINAL_SELECTIONS
 from stage.finalize import reasons as R
 from stage.finalize.labels import group_label_stats
 from stage.finalize.media import trainer_media
+from stage.finalize.receipt_facts import group_receipt_metrics
 from stage.finalize.rollout import FinalizedRollout, RolloutFinalizer
 from stage.routes import (
     RouteAssemblyPlan,
@@ -104,7 +105,7 @@ class GroupFinalizer(RolloutFinalizer):
         valid_rows = [row for row in rows if row.valid]
         rejections = [(i, r.rollout_id, r.rejection_reason) for i, r in enumerate(rows) if not r.valid]
         all_keys = [key for row in rows for key in row.staging_keys]
-        metrics.update(self._group_metrics(rows, receipts))
+        metrics.update(self._group_metrics(rows))
         min_wv = min((r.min_wv for r in valid_rows), default=fallback_weight_version)
         max_wv = max((r.max_wv for r in valid_rows), default=fallback_weight_version)
 
@@ -148,7 +149,7 @@ class GroupFinalizer(RolloutFinalizer):
 
     # -- metrics -----------------------------------------------------------------------------
     @staticmethod
-    def _group_metrics(rows: list[FinalizedRollout], receipts) -> dict[str, float]:
+    def _group_metrics(rows: list[FinalizedRollout]) -> dict[str, float]:
         n = len(rows)
         valid = [r for r in rows if r.valid]
         m = {
@@ -157,20 +158,8 @@ class GroupFinalizer(RolloutFinalizer):
             "finalize/media_row_rate": (sum(1 for r in valid if r.media is not None) / len(valid)
                                         if valid else 0.0),
         }
-        modes = [mode for r in receipts for mode in _manifest_modes(r)]
-        if modes:
-            token_in = sum(1 for mode in modes if mode == "token_in")
-            m["finalize/token_in_calls"] = float(token_in)
-            m["finalize/text_root_calls"] = float(len(modes) - token_in)
-            m["finalize/token_in_rate"] = token_in / len(modes)
-        m["finalize/capture_poisoned_rollouts"] = float(sum(1 for r in receipts if _field(r, "capture_poisoned")))
-        selections = [_field(r, "terminal_selection") for r in receipts]
-        for method in TERMINAL_SELECTIONS:
-            count = sum(1 for s in selections if s == method)
-            m[f"finalize/terminal_selection_{method}_count"] = float(count)
-            m[f"finalize/terminal_selection_{method}_fraction"] = count / len(receipts)
-        m["finalize/terminal_witness_disagreement_count"] = float(sum(
-            1 for r in receipts if "witness_disagreement" in (_field(r, "terminal_attribution_reason") or "")))
+        # From each receipt as finalize_rollout parsed it: the same whatever form it came in.
+        m.update(group_receipt_metrics([r.facts for r in rows], TERMINAL_SELECTIONS))
         for row in rows:
             if not row.valid:
                 key = f"finalize/capture_failure_reason_{R.bucket_of(row.rejection_reason)}_count"
@@ -263,29 +252,6 @@ class GroupFinalizer(RolloutFinalizer):
         valid = sum(1 for r in rows if r.valid)
         if valid:
             metrics["finalize/routed_experts_row_coverage"] = covered / valid
-
-
-def _field(receipt, name: str):
-    if receipt is None:
-        return None
-    if isinstance(receipt, dict):
-        return receipt.get(name)
-    return getattr(receipt, name, None)
-
-
-def _manifest_modes(receipt) -> list[str]:
-    if receipt is None:
-        return []
-    manifest = _field(receipt, "manifest")
-    if not isinstance(manifest, list):
-        return []
-    modes = []
-    for entry in manifest:
-        if isinstance(entry, dict):
-            modes.append(entry.get("mode"))
-        elif hasattr(entry, "mode"):
-            modes.append(entry.mode)
-    return modes
 
 
 def pad_group(group: FinalizedGroup, *, pad_token_id: int = 0, device=None) -> dict[str, torch.Tensor]:
