@@ -5,7 +5,7 @@ N canonical rows, route plans and metrics.
 """
 
 from stage.finalize.config import ReassemblyConfig
-from stage.finalize.group import CanonicalRow, FinalizedGroup, GroupFinalizer, pad_group
+from stage.finalize.group import REJECTION_LOGGER, CanonicalRow, FinalizedGroup, GroupFinalizer, pad_group
 from stage.finalize.media import StagedMedia, concat_media, trainer_media, validate_media
 from stage.finalize.reasons import bucket_of
 from stage.finalize.rollout import FinalizedRollout, RolloutFinalizer
@@ -23,7 +23,7 @@ Reassembler = GroupFinalizer
 
 __all__ = [
     "CanonicalRow", "FetchedStagedCall", "FinalizedGroup", "FinalizedRollout", "GroupFinalizer",
-    "InMemoryTokenSource", "ReassemblyConfig", "Reassembler", "RolloutFinalizer", "StagedMedia",
+    "InMemoryTokenSource", "REJECTION_LOGGER", "ReassemblyConfig", "Reassembler", "RolloutFinalizer", "StagedMedia",
     "StagedRow", "TokenSource", "TopK", "bucket_of", "concat_media", "pad_group",
     "staged_row_from_record", "trainer_media", "validate_media",
 ]

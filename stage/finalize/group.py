@@ -29,6 +29,10 @@ from stage.routes import (
 )
 
 logger = logging.getLogger(__name__)
+# One INFO line per rejected rollout, as NeMo RL prints it. Its own logger so an operator can
+# silence it without losing the stage's other INFO lines (docs/configuration.md).
+REJECTION_LOGGER = "stage.finalize.rejections"
+rejection_log = logging.getLogger(REJECTION_LOGGER)
 
 DROP_NO_ROUTE_DIMS = "router replay on, no rollout carried routed_experts, and (L, K) is unknown yet"
 
@@ -104,6 +108,8 @@ class GroupFinalizer(RolloutFinalizer):
             metrics[f"row_assembly/{part}_ms"] = sum(r.timings_ms.get(part, 0.0) for r in rows)
         valid_rows = [row for row in rows if row.valid]
         rejections = [(i, r.rollout_id, r.rejection_reason) for i, r in enumerate(rows) if not r.valid]
+        for _index, rollout_id, reason in rejections:  # before any drop, as NeMo RL prints them
+            rejection_log.info("finalize: rollout %s rejected (%s) — placeholder", rollout_id, reason)
         all_keys = [key for row in rows for key in row.staging_keys]
         metrics.update(self._group_metrics(rows))
         min_wv = min((r.min_wv for r in valid_rows), default=fallback_weight_version)

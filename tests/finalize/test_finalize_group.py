@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
 
 import pytest
@@ -11,6 +12,7 @@ import torch
 from stage.contract import RolloutReceipt
 from stage.finalize import (
     FinalizedGroup,
+    REJECTION_LOGGER,
     InMemoryTokenSource,
     Reassembler,
     ReassemblyConfig,
@@ -461,3 +463,41 @@ def test_unreadable_receipts_count_in_no_receipt_metric(source):
     assert "finalize/token_in_rate" not in m
     assert m["finalize/capture_poisoned_rollouts"] == 0.0
     assert sum(m[f"finalize/terminal_selection_{x}_count"] for x in METHODS) == 0.0
+
+
+def test_every_rejection_is_logged_once_as_nemo_rl_prints_it(source, caplog):
+    """Issue 12 item 4: one INFO line per placeholder on its own logger, valid rows silent."""
+    caplog.set_level(logging.INFO, logger=REJECTION_LOGGER)
+    good = stage_rollout(source, "a", golden_specs())
+    poisoned = stage_rollout(source, "c", golden_specs())
+    Group().add("a", good.receipt_json()).add("b", None).add("c", poisoned.receipt_json(capture_poisoned=True)) \
+        .run(Reassembler(source))
+    lines = [(r.name, r.levelno, r.getMessage()) for r in caplog.records if r.name == REJECTION_LOGGER]
+    assert lines == [(REJECTION_LOGGER, logging.INFO, "finalize: rollout b rejected (missing_receipt) — placeholder"),
+                     (REJECTION_LOGGER, logging.INFO, "finalize: rollout c rejected (capture_poisoned) — placeholder")]
+    assert not [r for r in caplog.records if "rejected" in r.getMessage() and r.name != REJECTION_LOGGER]
+
+
+def test_rejections_are_logged_even_when_the_group_drops(source, caplog):
+    caplog.set_level(logging.INFO, logger=REJECTION_LOGGER)
+    out = Group().add("a", None).run(Reassembler(source, ReassemblyConfig(router_replay=True)))
+    assert out.dropped
+    assert [r.getMessage() for r in caplog.records if r.name == REJECTION_LOGGER] == [
+        "finalize: rollout a rejected (missing_receipt) — placeholder"]
+
+
+@pytest.mark.parametrize("value", ["WARNING", "off", "40"])
+def test_the_rejection_log_is_silenced_by_its_level(source, caplog, value):
+    from stage.runtime.logs import apply_rejection_log_level
+    caplog.set_level(logging.INFO)
+    log = logging.getLogger(REJECTION_LOGGER)
+    before = log.level
+    try:
+        apply_rejection_log_level({"ROLLOUT_REASSEMBLER_REJECTION_LOG_LEVEL": value})
+        Group().add("a", None).run(Reassembler(source))
+        assert not [r for r in caplog.records if r.name == REJECTION_LOGGER]
+        apply_rejection_log_level({"ROLLOUT_REASSEMBLER_REJECTION_LOG_LEVEL": "info"})
+        Group().add("a", None).run(Reassembler(source))
+        assert len([r for r in caplog.records if r.name == REJECTION_LOGGER]) == 1
+    finally:
+        log.setLevel(before)
