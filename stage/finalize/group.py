@@ -17,7 +17,7 @@ import torch
 from stage.contract import TERMINAL_SELECTIONS
 from stage.finalize import reasons as R
 from stage.finalize.labels import group_label_stats
-from stage.finalize.media import trainer_media
+from stage.finalize.group_media import group_media_rows, media_tensors, pad_group_media
 from stage.finalize.receipt_facts import group_receipt_metrics
 from stage.finalize.rollout import FinalizedRollout, RolloutFinalizer
 from stage.routes import (
@@ -64,7 +64,10 @@ class CanonicalRow:
     routed_experts: torch.Tensor | None = None         # int16 [len, L, K], direct mode
     generation_topk_ids: torch.Tensor | None = None    # int32 [len, k]
     generation_topk_logprobs: torch.Tensor | None = None  # float32 [len, k]
-    media: dict | None = None                           # pixel_values, imgs_sizes, num_frames
+    # pixel_values [patches, 3*P*P], imgs_sizes int32 [N, 2], num_frames int32 [V]: the row's
+    # chain media, or an empty logical row (zero entries) in a group where another row has
+    # media; None in a text-only group (NeMo RL's _media_fields_for_group).
+    media: dict | None = None
     route_plan: RouteAssemblyPlan | None = None         # deferred mode
 
 
@@ -128,7 +131,7 @@ class GroupFinalizer(RolloutFinalizer):
         out_rows = self._tensorize(group_id, rows, sample_ids, min_wv, max_wv, prompt_idx,
                                    mask_sample, loss_multiplier)
         group_routes = self._attach_group_routes(out_rows, rows, metrics)
-        self._attach_group_media(out_rows, rows, metrics)
+        self._attach_group_media(out_rows, rows)
         if cfg.router_replay and cfg.defer_routes:
             self._attach_plans(out_rows, rows, metrics)
         metrics["row_assembly/tensorize_ms"] = (time.perf_counter() - t1) * 1e3
@@ -230,13 +233,13 @@ class GroupFinalizer(RolloutFinalizer):
             row.routed_experts = tensor[i, :row.input_lengths]
         return tensor
 
-    @staticmethod
-    def _attach_group_media(out_rows, rows, metrics) -> None:
-        if not any(r.valid and r.media is not None for r in rows):
-            return
-        for row, source in zip(out_rows, rows):
-            if source.valid and source.media is not None:
-                row.media = trainer_media(source.media)
+    def _attach_group_media(self, out_rows, rows) -> None:
+        device = resolve_device(self.config.device)
+        own = [media_tensors(r.media, device) if r.valid and r.media is not None else None for r in rows]
+        fields = group_media_rows(own)
+        if fields is not None:
+            for row, media in zip(out_rows, fields):
+                row.media = media
 
     def _attach_plans(self, out_rows, rows, metrics) -> None:
         spans = encoded = covered = 0
@@ -265,7 +268,9 @@ def pad_group(group: FinalizedGroup, *, pad_token_id: int = 0, device=None) -> d
     ``pad_token_id``, generation_logprobs/token_mask float32 [n, max_len] (0 padded),
     input_lengths int64 [n], sample_mask/total_reward float32 [n], mask_sample/truncated bool
     [n], prompt_ids_for_adv int64 [n, p], plus routed_experts int16 [n, max_len, L, K] (-1
-    padded) and top-k [n, max_len, k] (0 padded) when the rows carry them."""
+    padded) and top-k [n, max_len, k] (0 padded) when the rows carry them, and in a group with
+    media pixel_values / imgs_sizes / num_frames concatenated over the rows with their
+    ``<field>__row_counts`` (``group_media.pad_group_media``)."""
     rows = group.rows
     if not rows:
         raise ValueError(f"group {group.group_id} has no rows (dropped: {group.drop_reason})")
@@ -297,4 +302,5 @@ def pad_group(group: FinalizedGroup, *, pad_token_id: int = 0, device=None) -> d
         k = rows[0].generation_topk_ids.shape[1]
         tensors["generation_topk_ids"] = stack("generation_topk_ids", 0, torch.int32, (k,))
         tensors["generation_topk_logprobs"] = stack("generation_topk_logprobs", 0.0, torch.float32, (k,))
+    tensors.update(pad_group_media([r.media for r in rows], target))
     return tensors
