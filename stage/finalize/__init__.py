@@ -23,9 +23,9 @@ from stage.finalize.source import (
 Reassembler = GroupFinalizer
 
 __all__ = [
-    "CanonicalRow", "FetchedStagedCall", "MEDIA_FIELDS", "FinalizedGroup", "FinalizedRollout", "GroupFinalizer",
-    "InMemoryTokenSource", "REJECTION_LOGGER", "ReassemblyConfig", "Reassembler", "RolloutFinalizer", "StagedMedia",
-    "StagedRow", "TokenSource", "TopK", "bucket_of", "concat_media", "group_media_rows", "pad_group",
-    "pad_group_media", "row_counts_key",
+    "MEDIA_FIELDS", "REJECTION_LOGGER", "CanonicalRow", "FetchedStagedCall", "FinalizedGroup",
+    "FinalizedRollout", "GroupFinalizer", "InMemoryTokenSource", "ReassemblyConfig", "Reassembler",
+    "RolloutFinalizer", "StagedMedia", "StagedRow", "TokenSource", "TopK", "bucket_of",
+    "concat_media", "group_media_rows", "pad_group", "pad_group_media", "row_counts_key",
     "staged_row_from_record", "trainer_media", "validate_media",
 ]

@@ -8,7 +8,14 @@ import numpy as np
 import pytest
 import torch
 
-from stage.finalize import MEDIA_FIELDS, InMemoryTokenSource, Reassembler, ReassemblyConfig, pad_group, pad_group_media
+from stage.finalize import (
+    MEDIA_FIELDS,
+    InMemoryTokenSource,
+    Reassembler,
+    ReassemblyConfig,
+    pad_group,
+    pad_group_media,
+)
 from stage.finalize.source import TopK
 from tests.finalize.factory import (
     PATCH,

@@ -8,10 +8,13 @@ import torch
 
 from stage.client import CanonicalReader, receipt_event, staged_call_from_record
 from stage.contract.producer import RolloutBuilder
-from stage.finalize import MEDIA_FIELDS, GroupFinalizer, InMemoryTokenSource, ReassemblyConfig, StagedMedia, pad_group
+from stage.finalize import (
+    MEDIA_FIELDS, GroupFinalizer, InMemoryTokenSource, ReassemblyConfig, StagedMedia, pad_group,
+)
 from stage.wire import AvroCodec
-from tests.integration.harness import Feeder, GroupSpec, RunningStage, read_all, setup_topics, stage_config, \
-    unique_topics
+from tests.integration.harness import (
+    Feeder, GroupSpec, RunningStage, read_all, setup_topics, stage_config, unique_topics,
+)
 
 P = 2                                    # patch size
 WIDTH = 3 * P * P
