@@ -90,13 +90,16 @@ def _load(args):
 
 def _runtime_command(args) -> int:
     import logging
+    import os
 
     from confluent_kafka.admin import AdminClient
 
+    from stage.runtime.logs import apply_rejection_log_level
     from stage.runtime.topics import TopologyError, check_copartitioning, create_topics
     logging.basicConfig(level=getattr(args, "log_level", "INFO"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
+        apply_rejection_log_level(os.environ)
         cfg = _load(args)
     except (OSError, ValueError) as error:
         print(f"configuration error: {error}", file=sys.stderr)

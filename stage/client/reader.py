@@ -52,7 +52,9 @@ logger = logging.getLogger(__name__)
 
 _ROW_TENSORS = ("input_ids", "generation_logprobs", "token_mask", "prompt_ids_for_adv")
 _OPTIONAL_TENSORS = ("routed_experts", "generation_topk_ids", "generation_topk_logprobs")
-_MEDIA = ("pixel_values", "imgs_sizes", "num_frames")
+# Media fields: allowed dtypes and dims (a row's logical row; see docs/schemas.md).
+_MEDIA = {"pixel_values": (("float16", "bfloat16", "float32"), 2), "imgs_sizes": (("int32",), 2),
+          "num_frames": (("int32",), 1)}
 
 
 def row_from_record(record: Mapping[str, Any], *, device="cpu") -> CanonicalRow:
@@ -61,8 +63,9 @@ def row_from_record(record: Mapping[str, Any], *, device="cpu") -> CanonicalRow:
     tensors = {name: unpack_torch(record[name], device=target, field=name) for name in _ROW_TENSORS}
     optional = {name: None if record.get(name) is None
                 else unpack_torch(record[name], device=target, field=name) for name in _OPTIONAL_TENSORS}
-    media = {name: unpack_torch(record[name], device=target, field=name)
-             for name in _MEDIA if record.get(name) is not None} or None
+    media = {name: unpack_torch(record[name], device=target, field=name, expect_dtypes=dtypes,
+                                expect_ndim=ndim)
+             for name, (dtypes, ndim) in _MEDIA.items() if record.get(name) is not None} or None
     return CanonicalRow(
         group_id=record["group_id"], sample_id=record["sample_id"], row_index=record["row_index"],
         group_size=record["group_size"], prompt_idx=record["prompt_idx"],
@@ -120,7 +123,9 @@ class TrainingGroup:
         """NeMo RL's training tensors (``stage.finalize.pad_group``): input_ids [N, max_len]
         padded with ``pad_token_id``, input_lengths, generation_logprobs, token_mask,
         sample_mask, prompt_ids_for_adv, total_reward, mask_sample, truncated, plus
-        routed_experts (-1 padded) and top-k when the rows carry them."""
+        routed_experts (-1 padded) and top-k when the rows carry them, and in a group with
+        media pixel_values, imgs_sizes, num_frames (the rows concatenated along dim 0, as
+        NeMo RL's PackedTensor.as_tensor) with ``<field>__row_counts`` per row."""
         return pad_group(self.finalized(), pad_token_id=pad_token_id, device=device)
 
 

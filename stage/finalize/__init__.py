@@ -5,7 +5,8 @@ N canonical rows, route plans and metrics.
 """
 
 from stage.finalize.config import ReassemblyConfig
-from stage.finalize.group import CanonicalRow, FinalizedGroup, GroupFinalizer, pad_group
+from stage.finalize.group import REJECTION_LOGGER, CanonicalRow, FinalizedGroup, GroupFinalizer, pad_group
+from stage.finalize.group_media import MEDIA_FIELDS, group_media_rows, pad_group_media, row_counts_key
 from stage.finalize.media import StagedMedia, concat_media, trainer_media, validate_media
 from stage.finalize.reasons import bucket_of
 from stage.finalize.rollout import FinalizedRollout, RolloutFinalizer
@@ -22,8 +23,9 @@ from stage.finalize.source import (
 Reassembler = GroupFinalizer
 
 __all__ = [
-    "CanonicalRow", "FetchedStagedCall", "FinalizedGroup", "FinalizedRollout", "GroupFinalizer",
-    "InMemoryTokenSource", "ReassemblyConfig", "Reassembler", "RolloutFinalizer", "StagedMedia",
-    "StagedRow", "TokenSource", "TopK", "bucket_of", "concat_media", "pad_group",
+    "MEDIA_FIELDS", "REJECTION_LOGGER", "CanonicalRow", "FetchedStagedCall", "FinalizedGroup",
+    "FinalizedRollout", "GroupFinalizer", "InMemoryTokenSource", "ReassemblyConfig", "Reassembler",
+    "RolloutFinalizer", "StagedMedia", "StagedRow", "TokenSource", "TopK", "bucket_of",
+    "concat_media", "group_media_rows", "pad_group", "pad_group_media", "row_counts_key",
     "staged_row_from_record", "trainer_media", "validate_media",
 ]

@@ -17,7 +17,8 @@ import torch
 from stage.contract import TERMINAL_SELECTIONS
 from stage.finalize import reasons as R
 from stage.finalize.labels import group_label_stats
-from stage.finalize.media import trainer_media
+from stage.finalize.group_media import group_media_rows, media_tensors, pad_group_media
+from stage.finalize.receipt_facts import group_receipt_metrics
 from stage.finalize.rollout import FinalizedRollout, RolloutFinalizer
 from stage.routes import (
     RouteAssemblyPlan,
@@ -28,6 +29,10 @@ from stage.routes import (
 )
 
 logger = logging.getLogger(__name__)
+# One INFO line per rejected rollout, as NeMo RL prints it. Its own logger so an operator can
+# silence it without losing the stage's other INFO lines (docs/configuration.md).
+REJECTION_LOGGER = "stage.finalize.rejections"
+rejection_log = logging.getLogger(REJECTION_LOGGER)
 
 DROP_NO_ROUTE_DIMS = "router replay on, no rollout carried routed_experts, and (L, K) is unknown yet"
 
@@ -59,7 +64,10 @@ class CanonicalRow:
     routed_experts: torch.Tensor | None = None         # int16 [len, L, K], direct mode
     generation_topk_ids: torch.Tensor | None = None    # int32 [len, k]
     generation_topk_logprobs: torch.Tensor | None = None  # float32 [len, k]
-    media: dict | None = None                           # pixel_values, imgs_sizes, num_frames
+    # pixel_values [patches, 3*P*P], imgs_sizes int32 [N, 2], num_frames int32 [V]: the row's
+    # chain media, or an empty logical row (zero entries) in a group where another row has
+    # media; None in a text-only group (NeMo RL's _media_fields_for_group).
+    media: dict | None = None
     route_plan: RouteAssemblyPlan | None = None         # deferred mode
 
 
@@ -103,8 +111,10 @@ class GroupFinalizer(RolloutFinalizer):
             metrics[f"row_assembly/{part}_ms"] = sum(r.timings_ms.get(part, 0.0) for r in rows)
         valid_rows = [row for row in rows if row.valid]
         rejections = [(i, r.rollout_id, r.rejection_reason) for i, r in enumerate(rows) if not r.valid]
+        for _index, rollout_id, reason in rejections:  # before any drop, as NeMo RL prints them
+            rejection_log.info("finalize: rollout %s rejected (%s) — placeholder", rollout_id, reason)
         all_keys = [key for row in rows for key in row.staging_keys]
-        metrics.update(self._group_metrics(rows, receipts))
+        metrics.update(self._group_metrics(rows))
         min_wv = min((r.min_wv for r in valid_rows), default=fallback_weight_version)
         max_wv = max((r.max_wv for r in valid_rows), default=fallback_weight_version)
 
@@ -121,7 +131,7 @@ class GroupFinalizer(RolloutFinalizer):
         out_rows = self._tensorize(group_id, rows, sample_ids, min_wv, max_wv, prompt_idx,
                                    mask_sample, loss_multiplier)
         group_routes = self._attach_group_routes(out_rows, rows, metrics)
-        self._attach_group_media(out_rows, rows, metrics)
+        self._attach_group_media(out_rows, rows)
         if cfg.router_replay and cfg.defer_routes:
             self._attach_plans(out_rows, rows, metrics)
         metrics["row_assembly/tensorize_ms"] = (time.perf_counter() - t1) * 1e3
@@ -148,7 +158,7 @@ class GroupFinalizer(RolloutFinalizer):
 
     # -- metrics -----------------------------------------------------------------------------
     @staticmethod
-    def _group_metrics(rows: list[FinalizedRollout], receipts) -> dict[str, float]:
+    def _group_metrics(rows: list[FinalizedRollout]) -> dict[str, float]:
         n = len(rows)
         valid = [r for r in rows if r.valid]
         m = {
@@ -157,20 +167,8 @@ class GroupFinalizer(RolloutFinalizer):
             "finalize/media_row_rate": (sum(1 for r in valid if r.media is not None) / len(valid)
                                         if valid else 0.0),
         }
-        modes = [mode for r in receipts for mode in _manifest_modes(r)]
-        if modes:
-            token_in = sum(1 for mode in modes if mode == "token_in")
-            m["finalize/token_in_calls"] = float(token_in)
-            m["finalize/text_root_calls"] = float(len(modes) - token_in)
-            m["finalize/token_in_rate"] = token_in / len(modes)
-        m["finalize/capture_poisoned_rollouts"] = float(sum(1 for r in receipts if _field(r, "capture_poisoned")))
-        selections = [_field(r, "terminal_selection") for r in receipts]
-        for method in TERMINAL_SELECTIONS:
-            count = sum(1 for s in selections if s == method)
-            m[f"finalize/terminal_selection_{method}_count"] = float(count)
-            m[f"finalize/terminal_selection_{method}_fraction"] = count / len(receipts)
-        m["finalize/terminal_witness_disagreement_count"] = float(sum(
-            1 for r in receipts if "witness_disagreement" in (_field(r, "terminal_attribution_reason") or "")))
+        # From each receipt as finalize_rollout parsed it: the same whatever form it came in.
+        m.update(group_receipt_metrics([r.facts for r in rows], TERMINAL_SELECTIONS))
         for row in rows:
             if not row.valid:
                 key = f"finalize/capture_failure_reason_{R.bucket_of(row.rejection_reason)}_count"
@@ -235,13 +233,13 @@ class GroupFinalizer(RolloutFinalizer):
             row.routed_experts = tensor[i, :row.input_lengths]
         return tensor
 
-    @staticmethod
-    def _attach_group_media(out_rows, rows, metrics) -> None:
-        if not any(r.valid and r.media is not None for r in rows):
-            return
-        for row, source in zip(out_rows, rows):
-            if source.valid and source.media is not None:
-                row.media = trainer_media(source.media)
+    def _attach_group_media(self, out_rows, rows) -> None:
+        device = resolve_device(self.config.device)
+        own = [media_tensors(r.media, device) if r.valid and r.media is not None else None for r in rows]
+        fields = group_media_rows(own)
+        if fields is not None:
+            for row, media in zip(out_rows, fields):
+                row.media = media
 
     def _attach_plans(self, out_rows, rows, metrics) -> None:
         spans = encoded = covered = 0
@@ -265,35 +263,14 @@ class GroupFinalizer(RolloutFinalizer):
             metrics["finalize/routed_experts_row_coverage"] = covered / valid
 
 
-def _field(receipt, name: str):
-    if receipt is None:
-        return None
-    if isinstance(receipt, dict):
-        return receipt.get(name)
-    return getattr(receipt, name, None)
-
-
-def _manifest_modes(receipt) -> list[str]:
-    if receipt is None:
-        return []
-    manifest = _field(receipt, "manifest")
-    if not isinstance(manifest, list):
-        return []
-    modes = []
-    for entry in manifest:
-        if isinstance(entry, dict):
-            modes.append(entry.get("mode"))
-        elif hasattr(entry, "mode"):
-            modes.append(entry.mode)
-    return modes
-
-
 def pad_group(group: FinalizedGroup, *, pad_token_id: int = 0, device=None) -> dict[str, torch.Tensor]:
     """NeMo RL's training tensors from jagged rows: input_ids int64 [n, max_len] padded with
     ``pad_token_id``, generation_logprobs/token_mask float32 [n, max_len] (0 padded),
     input_lengths int64 [n], sample_mask/total_reward float32 [n], mask_sample/truncated bool
     [n], prompt_ids_for_adv int64 [n, p], plus routed_experts int16 [n, max_len, L, K] (-1
-    padded) and top-k [n, max_len, k] (0 padded) when the rows carry them."""
+    padded) and top-k [n, max_len, k] (0 padded) when the rows carry them, and in a group with
+    media pixel_values / imgs_sizes / num_frames concatenated over the rows with their
+    ``<field>__row_counts`` (``group_media.pad_group_media``)."""
     rows = group.rows
     if not rows:
         raise ValueError(f"group {group.group_id} has no rows (dropped: {group.drop_reason})")
@@ -325,4 +302,5 @@ def pad_group(group: FinalizedGroup, *, pad_token_id: int = 0, device=None) -> d
         k = rows[0].generation_topk_ids.shape[1]
         tensors["generation_topk_ids"] = stack("generation_topk_ids", 0, torch.int32, (k,))
         tensors["generation_topk_logprobs"] = stack("generation_topk_logprobs", 0.0, torch.float32, (k,))
+    tensors.update(pad_group_media([r.media for r in rows], target))
     return tensors

@@ -21,7 +21,9 @@ from stage.contract import (
 )
 from stage.finalize import reasons as R
 from stage.finalize.config import ReassemblyConfig
+from stage.contract.records import parse_json_text
 from stage.finalize.media import StagedMedia, concat_media, validate_media
+from stage.finalize.receipt_facts import ReceiptFacts, facts_of_raw, facts_of_receipt
 from stage.finalize.source import FetchedStagedCall, TokenSource
 from stage.routes import (
     RouteAssemblyPlan,
@@ -53,10 +55,7 @@ class FinalizedRollout:
     media: StagedMedia | None = None
     topk_ids: np.ndarray | None = None            # int32 [len, k], zeros on carried tokens
     topk_logprobs: np.ndarray | None = None       # float32 [len, k]
-    manifest_modes: list[str] = field(default_factory=list)
-    terminal_selection: str | None = None
-    capture_poisoned: bool = False
-    terminal_attribution_reason: str | None = None
+    facts: ReceiptFacts | None = None             # what group metrics read; None: no receipt
     timings_ms: dict = field(default_factory=dict)  # verify (fetch + verify), routes
 
 
@@ -85,15 +84,17 @@ class RolloutFinalizer:
         cfg = self.config
         if receipt is None:
             return _reject(rollout_id, reward, R.MISSING_RECEIPT)
-        try:
-            parsed = receipt if isinstance(receipt, RolloutReceipt) else RolloutReceipt.from_json(receipt)
+        raw = None
+        try:  # parsed once, whatever the form (dict, JSON text or bytes, RolloutReceipt)
+            if isinstance(receipt, RolloutReceipt):
+                parsed = receipt
+            else:
+                raw = parse_json_text(receipt, RolloutReceipt.__name__)
+                parsed = RolloutReceipt.from_json(raw)
         except (TypeError, ValueError) as error:
-            return _reject(rollout_id, reward, R.reason(R.INVALID_RECEIPT, error))
+            return _reject(rollout_id, reward, R.reason(R.INVALID_RECEIPT, error), facts=facts_of_raw(raw))
         keys = [record.staging_key for record in parsed.manifest]
-        info = dict(manifest_modes=[r.mode for r in parsed.manifest],
-                    terminal_selection=parsed.terminal_selection,
-                    capture_poisoned=parsed.capture_poisoned,
-                    terminal_attribution_reason=parsed.terminal_attribution_reason)
+        info = dict(facts=facts_of_receipt(parsed))
         if parsed.rollout_id != rollout_id:
             return _reject(rollout_id, reward, R.reason(R.IDENTITY_MISMATCH, parsed.rollout_id), keys, **info)
         if parsed.failure_reason is not None:

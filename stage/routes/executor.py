@@ -71,9 +71,6 @@ def execute_route_plan(
             staged_route_len=span.staged_route_len,
         )
         if mode != ROUTE_SPAN_SENTINEL:
-            if position + contribution > canonical_len:
-                # Only an unvalidated plan gets here; report it instead of a torch IndexError.
-                return None, ROUTE_FAILURE_ASSEMBLED_LENGTH
             fragment = fragments.get(span.staging_key)
             if fragment is None:
                 return None, ROUTE_FAILURE_MISSING_FRAGMENT
@@ -96,6 +93,11 @@ def execute_route_plan(
                 return None, ROUTE_FAILURE_BOUNDARY
             if boundary is not None and tuple(boundary.shape) != (1, layers, topk):
                 return None, ROUTE_FAILURE_BOUNDARY
+            if position + contribution > canonical_len:
+                # Only an unvalidated plan overruns the row. The span's own checks come first
+                # (spec order); the overrun is what the final length check would report, said
+                # here instead of a torch shape error on the write below.
+                return None, ROUTE_FAILURE_ASSEMBLED_LENGTH
 
             rows = routes.to(device=target, dtype=ROUTED_EXPERTS_FALLBACK_DTYPE)
             if mode == ROUTE_SPAN_FULL:

@@ -33,6 +33,7 @@ NOT_SETTINGS = frozenset({
     "ROLLOUT_REASSEMBLER_MALLOC_TUNING",   # stage.tuning
     "ROLLOUT_REASSEMBLER_SCHEMAS_DIR",     # stage.wire.schemas
     "ROLLOUT_REASSEMBLER_KAFKA_JARS",      # stage.kraft
+    "ROLLOUT_REASSEMBLER_REJECTION_LOG_LEVEL",  # stage.runtime.logs (per-rejection log level)
 })
 EXACTLY_ONCE, AT_LEAST_ONCE = "exactly_once", "at_least_once"
 

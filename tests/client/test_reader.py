@@ -154,3 +154,51 @@ def test_row_from_record_round_trips_every_column():
         assert torch.equal(getattr(row, name), getattr(want, name)), name
     assert (row.sample_id, row.valid, row.weight_version, row.group_max_wv) == \
         (want.sample_id, want.valid, want.weight_version, want.group_max_wv)
+
+
+
+def media_group():
+    """[image rollout (float16), text rollout, video rollout, missing receipt]."""
+    from tests.finalize.factory import PATCH, CallSpec, Group, golden_specs, image, stage_rollout, video
+    source = InMemoryTokenSource()
+    img = stage_rollout(source, "img", [CallSpec("c1", None, [1, 2], [3], media=image(2, dtype=np.float16))])
+    text = stage_rollout(source, "txt", golden_specs())
+    vid = stage_rollout(source, "vid", [CallSpec("c1", None, [4], [5, 6], media=video(3, dtype=np.float16))])
+    group = Group("m").add("img", img.receipt_json()).add("txt", text.receipt_json()) \
+        .add("vid", vid.receipt_json()).add("gone", None)
+    return group.run(GroupFinalizer(source, ReassemblyConfig(capture_media=True, media_patch_size=PATCH)))
+
+
+def test_media_group_rows_round_trip_and_pad_to_the_finalizers_media_tensors():
+    group = media_group()
+    encoded = [ROWS.encode(row_record(row)) for row in group.rows]
+    records = [ROWS.decode(blob) for blob in encoded]
+    assert [r["pixel_values"]["shape"] for r in records] == [[2, 12], [0, 12], [3, 12], [0, 12]]
+    assert all(r["pixel_values"]["dtype"] == "float16" for r in records)   # empty rows keep the dtype
+    assembler = GroupAssembler()
+    out = [assembler.add_row(rec, blob) for rec, blob in zip(records, encoded)][-1]
+    ours, theirs = out.tensors(), pad_group(group)
+    assert ours.keys() == theirs.keys()
+    for name in theirs:
+        assert ours[name].dtype == theirs[name].dtype and torch.equal(ours[name], theirs[name]), name
+    assert ours["pixel_values"].shape == (5, 12) and ours["pixel_values"].dtype == torch.float16
+    assert ours["num_frames"].tolist() == [1, 3] and ours["num_frames__row_counts"].tolist() == [1, 0, 1, 0]
+
+
+def test_rows_of_an_older_stage_without_empty_media_rows_still_pad():
+    group = media_group()
+    records = [row_record(row) for row in group.rows]
+    for record in records[1:2] + records[3:]:          # text row and placeholder published null
+        record.update(pixel_values=None, imgs_sizes=None, num_frames=None)
+    rows = [row_from_record(ROWS.decode(ROWS.encode(r))) for r in records]
+    assert rows[1].media is None
+    t = pad_group(type(group)(**{**group.__dict__, "rows": rows}))
+    assert t["pixel_values__row_counts"].tolist() == [2, 0, 3, 0]
+    assert torch.equal(t["pixel_values"], pad_group(group)["pixel_values"])
+
+
+def test_media_with_a_wrong_layout_is_refused_by_name():
+    record = row_record(media_group().rows[0])
+    record["num_frames"] = {"dtype": "int64", "shape": [1], "data": bytes(8)}
+    with pytest.raises(ValueError, match="num_frames"):
+        row_from_record(record)

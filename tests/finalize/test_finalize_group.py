@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import json
+import logging
 import re
 
 import pytest
 import torch
 
+from stage.contract import RolloutReceipt
 from stage.finalize import (
     FinalizedGroup,
+    REJECTION_LOGGER,
     InMemoryTokenSource,
     Reassembler,
     ReassemblyConfig,
@@ -392,11 +396,108 @@ def test_config_rejects_deferral_without_router_replay():
         ReassemblyConfig(defer_routes=True)
 
 
-def test_receipt_objects_feed_the_same_metrics_as_dicts(source):
-    staged = stage_rollout(source, "a", golden_specs(), selection="content")
-    as_dict = Group().add("a", staged.receipt_json()).run(Reassembler(source)).metrics
-    as_obj = Group().add("a", staged.receipt()).run(Reassembler(source)).metrics
-    for key in ("finalize/token_in_rate", "finalize/terminal_selection_content_count",
-                "finalize/capture_poisoned_rollouts", "finalize/invalid_row_rate"):
-        assert as_dict[key] == as_obj[key]
-    assert as_obj["finalize/terminal_selection_content_count"] == 1.0
+RECEIPT_FORMS = {
+    "dict": lambda d: d,
+    "text": lambda d: json.dumps(d),
+    "bytes": lambda d: json.dumps(d).encode("utf-8"),
+    "object": RolloutReceipt.from_json,
+}
+
+
+def _mixed_group_receipts(source):
+    """heuristic + witness disagreement (valid), declared + poisoned, and a missing receipt."""
+    a = stage_rollout(source, "a", golden_specs(), selection="heuristic")
+    b = stage_rollout(source, "b", golden_specs())
+    return [a.receipt_json(terminal_attribution_reason="heuristic; witness_disagreement: content"),
+            b.receipt_json(capture_poisoned=True), None]
+
+
+@pytest.mark.parametrize("form", sorted(RECEIPT_FORMS))
+def test_group_metrics_are_the_same_whatever_form_the_receipts_come_in(source, form):
+    """Issue 12 item 2: metrics come from the receipt as finalize_rollout parsed it."""
+    receipts = _mixed_group_receipts(source)
+    want = Group().add("a", receipts[0]).add("b", receipts[1]).add("c", None).run(Reassembler(source)).metrics
+    convert = RECEIPT_FORMS[form]
+    group = Group()
+    for rid, receipt in zip("abc", receipts):
+        group.add(rid, None if receipt is None else convert(receipt))
+    got = group.run(Reassembler(source)).metrics
+    assert {k: v for k, v in got.items() if not k.startswith("row_assembly/")} == \
+        {k: v for k, v in want.items() if not k.startswith("row_assembly/")}
+    assert got["finalize/token_in_rate"] == 0.5
+    assert (got["finalize/token_in_calls"], got["finalize/text_root_calls"]) == (2.0, 2.0)
+    assert got["finalize/terminal_selection_heuristic_count"] == 1.0
+    assert got["finalize/terminal_selection_heuristic_fraction"] == 1 / 3
+    assert got["finalize/terminal_selection_declared_count"] == 1.0
+    assert got["finalize/terminal_witness_disagreement_count"] == 1.0
+    assert got["finalize/capture_poisoned_rollouts"] == 1.0
+    assert got["finalize/invalid_row_rate"] == pytest.approx(2 / 3)
+
+
+@pytest.mark.parametrize("form", ["dict", "text", "bytes"])
+def test_an_invalid_receipt_counts_by_its_raw_fields_in_every_form(source, form):
+    """A receipt that fails validation is read with NeMo RL's raw-dict rules (its decoded
+    JSON object), so text and bytes count exactly as the dict does."""
+    staged = stage_rollout(source, "a", golden_specs(), selection="heuristic")
+    # poisoned but no failure_reason and no selection: Gym refuses it (invalid_receipt)
+    invalid = staged.receipt_json(capture_poisoned=True, terminal_selection=None, terminal_model_call_id=None,
+                                  terminal_attribution_reason="witness_disagreement")
+    out = Group().add("a", RECEIPT_FORMS[form](invalid)).run(Reassembler(source))
+    assert out.rows[0].rejection_reason.startswith("invalid_receipt:")
+    m = out.metrics
+    assert m["finalize/capture_poisoned_rollouts"] == 1.0
+    assert m["finalize/token_in_calls"] == 1.0 and m["finalize/text_root_calls"] == 1.0
+    assert m["finalize/terminal_witness_disagreement_count"] == 1.0
+    assert sum(m[f"finalize/terminal_selection_{x}_count"] for x in METHODS) == 0.0
+
+
+def test_unreadable_receipts_count_in_no_receipt_metric(source):
+    garbage = ["{not json", b"\xff\xfe", "[1, 2]", {"manifest": "x", "capture_poisoned": "yes",
+                                                     "terminal_selection": 3}]
+    group = Group()
+    for i, receipt in enumerate(garbage):
+        group.add(f"r{i}", receipt)
+    out = group.run(Reassembler(source))
+    assert all(r.rejection_reason.startswith("invalid_receipt:") for r in out.rows)
+    m = out.metrics
+    assert "finalize/token_in_rate" not in m
+    assert m["finalize/capture_poisoned_rollouts"] == 0.0
+    assert sum(m[f"finalize/terminal_selection_{x}_count"] for x in METHODS) == 0.0
+
+
+def test_every_rejection_is_logged_once_as_nemo_rl_prints_it(source, caplog):
+    """Issue 12 item 4: one INFO line per placeholder on its own logger, valid rows silent."""
+    caplog.set_level(logging.INFO, logger=REJECTION_LOGGER)
+    good = stage_rollout(source, "a", golden_specs())
+    poisoned = stage_rollout(source, "c", golden_specs())
+    Group().add("a", good.receipt_json()).add("b", None).add("c", poisoned.receipt_json(capture_poisoned=True)) \
+        .run(Reassembler(source))
+    lines = [(r.name, r.levelno, r.getMessage()) for r in caplog.records if r.name == REJECTION_LOGGER]
+    assert lines == [(REJECTION_LOGGER, logging.INFO, "finalize: rollout b rejected (missing_receipt) — placeholder"),
+                     (REJECTION_LOGGER, logging.INFO, "finalize: rollout c rejected (capture_poisoned) — placeholder")]
+    assert not [r for r in caplog.records if "rejected" in r.getMessage() and r.name != REJECTION_LOGGER]
+
+
+def test_rejections_are_logged_even_when_the_group_drops(source, caplog):
+    caplog.set_level(logging.INFO, logger=REJECTION_LOGGER)
+    out = Group().add("a", None).run(Reassembler(source, ReassemblyConfig(router_replay=True)))
+    assert out.dropped
+    assert [r.getMessage() for r in caplog.records if r.name == REJECTION_LOGGER] == [
+        "finalize: rollout a rejected (missing_receipt) — placeholder"]
+
+
+@pytest.mark.parametrize("value", ["WARNING", "off", "40"])
+def test_the_rejection_log_is_silenced_by_its_level(source, caplog, value):
+    from stage.runtime.logs import apply_rejection_log_level
+    caplog.set_level(logging.INFO)
+    log = logging.getLogger(REJECTION_LOGGER)
+    before = log.level
+    try:
+        apply_rejection_log_level({"ROLLOUT_REASSEMBLER_REJECTION_LOG_LEVEL": value})
+        Group().add("a", None).run(Reassembler(source))
+        assert not [r for r in caplog.records if r.name == REJECTION_LOGGER]
+        apply_rejection_log_level({"ROLLOUT_REASSEMBLER_REJECTION_LOG_LEVEL": "info"})
+        Group().add("a", None).run(Reassembler(source))
+        assert len([r for r in caplog.records if r.name == REJECTION_LOGGER]) == 1
+    finally:
+        log.setLevel(before)

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
 
-from stage.finalize import InMemoryTokenSource, Reassembler, ReassemblyConfig, pad_group
+from stage.finalize import (
+    MEDIA_FIELDS,
+    InMemoryTokenSource,
+    Reassembler,
+    ReassemblyConfig,
+    pad_group,
+    pad_group_media,
+)
 from stage.finalize.source import TopK
 from tests.finalize.factory import (
     PATCH,
@@ -127,10 +136,13 @@ def test_chain_media_concatenated_in_chain_order_and_read_after_verification():
     assert set(media) == {"pixel_values", "imgs_sizes", "num_frames"}
     assert media["pixel_values"].shape == (3, 3 * PATCH * PATCH)          # leading 1 squeezed
     assert media["pixel_values"][:, 0].tolist() == [0.5, 0.5, 0.75]
-    assert media["imgs_sizes"].dtype == np.int32
+    assert media["imgs_sizes"].dtype == torch.int32
     assert media["imgs_sizes"].tolist() == [[PATCH, 2 * PATCH], [PATCH, PATCH]]
-    assert media["num_frames"].dtype == np.int32 and media["num_frames"].tolist() == [1, 1]
-    assert placeholder.media is None
+    assert media["num_frames"].dtype == torch.int32 and media["num_frames"].tolist() == [1, 1]
+    # the placeholder: an empty logical row of the same layout (NeMo RL's empty_rows_like)
+    assert {k: (tuple(v.shape), v.dtype) for k, v in placeholder.media.items()} == {
+        "pixel_values": ((0, 3 * PATCH * PATCH), torch.float32), "imgs_sizes": ((0, 2), torch.int32),
+        "num_frames": ((0,), torch.int32)}
     assert out.metrics["finalize/media_row_rate"] == 1.0
 
 
@@ -151,7 +163,9 @@ def test_media_row_rate_counts_valid_rows_with_media():
            .run(Reassembler(source, ReassemblyConfig(**MEDIA_CONFIG))))
     assert [r.valid for r in out.rows] == [True, True, False]
     assert out.metrics["finalize/media_row_rate"] == 0.5
-    assert out.rows[0].media is not None and out.rows[1].media is None
+    assert out.rows[0].media["pixel_values"].shape == (1, 3 * PATCH * PATCH)
+    for text_or_placeholder in out.rows[1:]:                        # empty logical rows
+        assert [v.shape[0] for v in text_or_placeholder.media.values()] == [0, 0, 0]
 
 
 def test_mixed_image_and_video_calls_are_rejected_before_any_media_read():
@@ -199,3 +213,80 @@ def test_media_off_ignores_staged_media():
     assert out.rows[0].valid and out.rows[0].media is None
     assert spy.media_calls == []
     assert out.metrics["finalize/media_row_rate"] == 0.0
+
+
+# --- group media fields (spec §6 _media_fields_for_group, §4.2) ---------------------------------
+
+
+def mixed_media_group(source):
+    """[image rollout, text rollout, video rollout, placeholder], as issue 12 describes it."""
+    img = stage_rollout(source, "a", media_specs(c1=image(2, value=0.5), c2=image(1, value=0.75)), terminal="c2")
+    text = stage_rollout(source, "b", golden_specs())
+    vid = stage_rollout(source, "c", media_specs(c1=video(2, value=0.25), c2=video(3, value=0.125)), terminal="c2")
+    return Group().add("a", img.receipt_json()).add("b", text.receipt_json()).add("c", vid.receipt_json()) \
+        .add("d", None)
+
+
+def test_group_media_fields_give_one_logical_row_per_sample():
+    source = InMemoryTokenSource()
+    out = mixed_media_group(source).run(Reassembler(source, ReassemblyConfig(**MEDIA_CONFIG)))
+    assert [r.valid for r in out.rows] == [True, True, True, False]
+    width = 3 * PATCH * PATCH
+    shapes = [{k: tuple(v.shape) for k, v in row.media.items()} for row in out.rows]
+    assert shapes == [
+        {"pixel_values": (3, width), "imgs_sizes": (2, 2), "num_frames": (2,)},
+        {"pixel_values": (0, width), "imgs_sizes": (0, 2), "num_frames": (0,)},      # text rollout
+        {"pixel_values": (5, width), "imgs_sizes": (5, 2), "num_frames": (2,)},
+        {"pixel_values": (0, width), "imgs_sizes": (0, 2), "num_frames": (0,)}]      # placeholder
+    assert out.rows[2].media["num_frames"].tolist() == [2, 3]
+    assert out.metrics["finalize/media_row_rate"] == 2 / 3
+
+    t = pad_group(out)
+    assert t["pixel_values"].shape == (8, width) and t["pixel_values"].dtype == torch.float32
+    assert t["pixel_values"][:, 0].tolist() == [0.5, 0.5, 0.75, 0.25, 0.25, 0.125, 0.125, 0.125]
+    assert t["imgs_sizes"].dtype == torch.int32
+    assert t["imgs_sizes"].tolist() == [[PATCH, 2 * PATCH], [PATCH, PATCH]] + [[PATCH, PATCH]] * 5
+    assert t["num_frames"].dtype == torch.int32 and t["num_frames"].tolist() == [1, 1, 2, 3]
+    assert t["pixel_values__row_counts"].tolist() == [3, 0, 5, 0]
+    assert t["imgs_sizes__row_counts"].tolist() == [2, 0, 5, 0]
+    assert t["num_frames__row_counts"].tolist() == [2, 0, 2, 0]
+    assert all(t[f"{name}__row_counts"].dtype == torch.int64 for name in MEDIA_FIELDS)
+    for name in MEDIA_FIELDS:  # the counts split the concatenation back into the rows
+        parts = torch.split(t[name], t[f"{name}__row_counts"].tolist())
+        for part, row in zip(parts, out.rows):
+            assert torch.equal(part, row.media[name])
+
+
+def test_text_only_group_with_media_capture_has_no_media_fields():
+    source = InMemoryTokenSource()
+    text = stage_rollout(source, "a", golden_specs())
+    out = Group().add("a", text.receipt_json()).add("b", None).run(Reassembler(source, ReassemblyConfig(**MEDIA_CONFIG)))
+    assert [r.media for r in out.rows] == [None, None]
+    assert not {k for k in pad_group(out) if k.startswith(("pixel_values", "imgs_sizes", "num_frames"))}
+
+
+def test_pad_group_media_takes_rows_without_media_as_empty_and_refuses_mismatched_layouts():
+    row = {"pixel_values": torch.ones(2, 12), "imgs_sizes": torch.ones(1, 2, dtype=torch.int32),
+           "num_frames": torch.ones(1, dtype=torch.int32)}
+    t = pad_group_media([None, row, None], "cpu")   # rows of an older stage: None beside media rows
+    assert t["pixel_values"].shape == (2, 12) and t["pixel_values__row_counts"].tolist() == [0, 2, 0]
+    assert pad_group_media([None, None], "cpu") == {}
+    wide = {**row, "pixel_values": torch.ones(1, 13)}
+    with pytest.raises(ValueError, match=r"media field pixel_values: row 1 has shape \[1, 13\], "
+                                         r"the group's rows are \[\*, 12\]"):
+        pad_group_media([row, wide], "cpu")
+    with pytest.raises(ValueError, match="media field num_frames: row 1 has shape"):
+        pad_group_media([row, {**row, "num_frames": torch.tensor(3, dtype=torch.int32)}], "cpu")
+
+
+def test_group_metrics_of_the_mixed_media_group_do_not_depend_on_the_receipt_form():
+    source = InMemoryTokenSource()
+    group = mixed_media_group(source)
+    fin = Reassembler(source, ReassemblyConfig(**MEDIA_CONFIG))
+    as_dicts = group.run(fin).metrics
+    group.receipts = [None if r is None else json.dumps(r) for r in group.receipts]
+    as_text = group.run(fin).metrics
+    for key, value in as_dicts.items():
+        if not key.startswith("row_assembly/"):
+            assert as_text[key] == value, key
+    assert as_text["finalize/token_in_rate"] == pytest.approx(5 / 8)

@@ -218,3 +218,22 @@ def test_assembled_length_mismatch_unvalidated_plan():
     staged = stage_call(routes(1, 5))
     long = plan([span("r/c1", 2, 3, 5, staged.digest)], expected=4)  # would write past the end
     assert reason(long, {"r/c1": staged.fragment}) == ROUTE_FAILURE_ASSEMBLED_LENGTH
+
+
+def test_overrunning_unvalidated_plan_reports_the_span_checks_first():
+    """Spec §3.6 per-span order: a span that would write past the row is still judged by its
+    fragment checks (missing, integrity, rank, length, model shape, boundary) before the
+    overrun, which is reported as the final length check would report it."""
+    staged = stage_call(routes(1, 5))
+    long = plan([span("r/c1", 2, 3, 5, staged.digest)], expected=4)
+    assert reason(long, {}) == ROUTE_FAILURE_MISSING_FRAGMENT
+    tampered = RouteFragment(staged.fragment.routes + 1, staged.fragment.encoding,
+                             staged.fragment.extras_metadata_json, None)
+    assert reason(long, {"r/c1": tampered}) == ROUTE_FAILURE_INTEGRITY
+    assert reason(long, {"r/c1": staged.fragment}, dims=(L + 1, K)) == ROUTE_FAILURE_MODEL_SHAPE
+    assert reason(long, {"r/c1": staged.fragment}) == ROUTE_FAILURE_ASSEMBLED_LENGTH
+    # a sentinel span before it moves the position past the end without any fragment read
+    c2 = stage_call(routes(2, 2))
+    after = plan([span("r/c0", 3, 0, 0), span("r/c2", 0, 2, 2, c2.digest)], expected=4)
+    assert reason(after, {}) == ROUTE_FAILURE_MISSING_FRAGMENT
+    assert reason(after, {"r/c2": c2.fragment}) == ROUTE_FAILURE_ASSEMBLED_LENGTH

@@ -1,6 +1,8 @@
 """Configuration: defaults, YAML, environment overrides, pass-through client properties, and
 clear errors for typos and bad values."""
 
+import logging
+
 import pytest
 
 from stage.runtime.clients import consumer_config, producer_config
@@ -70,3 +72,20 @@ def test_unknown_environment_setting_is_an_error():
         load_config(None, {"ROLLOUT_REASSEMBLER_NOPE": "1"})
     with pytest.raises(ValueError, match="expected a boolean"):
         load_config(None, {"ROLLOUT_REASSEMBLER_FINALIZE__ROUTER_REPLAY": "maybe"})
+
+
+def test_rejection_log_level_variable_is_not_a_setting_and_is_checked():
+    from stage.runtime.logs import rejection_log_level
+    load_config(None, {"ROLLOUT_REASSEMBLER_REJECTION_LOG_LEVEL": "OFF"})   # accepted, not a setting
+    assert rejection_log_level("warning") == logging.WARNING
+    assert rejection_log_level(" off ") > logging.CRITICAL
+    assert rejection_log_level("15") == 15
+    with pytest.raises(ValueError, match="ROLLOUT_REASSEMBLER_REJECTION_LOG_LEVEL must be"):
+        rejection_log_level("loud")
+
+
+def test_run_refuses_a_bad_rejection_log_level(monkeypatch, capsys):
+    from stage.cli import main
+    monkeypatch.setenv("ROLLOUT_REASSEMBLER_REJECTION_LOG_LEVEL", "loud")
+    assert main(["run", "--bootstrap-servers", "127.0.0.1:1"]) == 2
+    assert "ROLLOUT_REASSEMBLER_REJECTION_LOG_LEVEL" in capsys.readouterr().err

@@ -1,0 +1,37 @@
+"""Log levels the stage's command line applies from the environment.
+
+``ROLLOUT_REASSEMBLER_REJECTION_LOG_LEVEL`` sets the level of the per-rejection log
+(``stage.finalize.rejections``, one INFO line per placeholder row): ``WARNING`` or ``OFF``
+silences it, ``INFO`` (the default) keeps it. An embedding application configures that logger
+with ``logging`` itself.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+from stage.finalize import REJECTION_LOGGER
+
+REJECTION_LOG_ENV = "ROLLOUT_REASSEMBLER_REJECTION_LOG_LEVEL"
+_OFF = "OFF"
+
+
+def rejection_log_level(value: str) -> int:
+    """A level name (``DEBUG`` ... ``CRITICAL``), a number, or ``OFF``."""
+    text = value.strip().upper()
+    if text == _OFF:
+        return logging.CRITICAL + 1
+    if text.isdigit():
+        return int(text)
+    level = logging.getLevelName(text)
+    if not isinstance(level, int):
+        raise ValueError(f"{REJECTION_LOG_ENV} must be a logging level name, a number or OFF, got {value!r}")
+    return level
+
+
+def apply_rejection_log_level(environ: Mapping[str, str]) -> None:
+    """Set the rejection logger's level from the environment; untouched when unset."""
+    value = environ.get(REJECTION_LOG_ENV)
+    if value is not None and value.strip():
+        logging.getLogger(REJECTION_LOGGER).setLevel(rejection_log_level(value))
