@@ -68,6 +68,7 @@ class StageRuntime:
         self.cfg = cfg
         self.clock = clock or SystemClock()
         self.stats = stats or RuntimeStats()
+        self.stats.sink.configure(cfg)  # settings as gauges; alerted-on series created at 0
         self.limits = limits
         self.codecs = build_codecs(cfg)
         self.dims_cache = RouteDimsCache()
