@@ -8,10 +8,9 @@ Process, GC, platform, build and memory-limit metrics: ``stage.observability.pro
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
-
-import itertools
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Summary
 
@@ -121,7 +120,7 @@ class PrometheusSink:
             self.config[key].set(value(cfg))
         sets = value_sets(cfg)
         for name, labels in INITIAL_LABELS.items():
-            metric = self.counters.get(name) or self.gauges[name]
+            metric = self.counters[name] if name in self.counters else self.gauges[name]
             for combination in label_combinations(labels, sets):
                 metric.labels(**combination)
 
