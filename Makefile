@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 
 KAFKA_LIB := .cache/kafka/lib
 
-.PHONY: install test bench demo clean kafka-jars helm ops-tools
+.PHONY: install test bench demo clean kafka-jars helm ops-tools promtool
 
 # Ops tooling for tests/ops, built from the Go module proxy into the ignored .cache/bin (needs
 # `go`; without it those tests skip). Idempotent: a stamp per version skips the build.
@@ -68,7 +68,23 @@ $(OPS_STAMP):
 	  && cd $(CURDIR) && rm -f $(BIN)/.ops-check-* && touch $@; \
 	else echo "ops-tools: no go toolchain here; PromQL and compose-go checks in tests/ops will be skipped"; fi
 
-test: install kafka-jars helm ops-tools
+# promtool (`promtool test rules` on ops/prometheus/tests): taken from Debian's `prometheus`
+# package with `apt-get download` and unpacked into .cache/bin, not installed, because the
+# package's postinst starts a Prometheus server. `apt-get update` runs only when the download
+# fails (stale package lists; needs root). Skipped where promtool is already built.
+PROMTOOL := $(BIN)/promtool
+
+promtool: $(PROMTOOL)
+
+$(PROMTOOL):
+	@mkdir -p $(BIN); if command -v apt-get >/dev/null && command -v dpkg-deb >/dev/null; then \
+	  tmp=$$(mktemp -d) && cd $$tmp \
+	  && { apt-get download -q prometheus 2>/dev/null || { apt-get update -qq && apt-get download -q prometheus; }; } \
+	  && dpkg-deb --fsys-tarfile prometheus_*.deb | tar -xO ./usr/bin/promtool > $(abspath $@).tmp \
+	  && cd $(CURDIR) && rm -rf $$tmp && chmod +x $@.tmp && mv $@.tmp $@ && $@ --version | head -1; \
+	else echo "promtool: no apt-get/dpkg-deb here; the promtool tests in tests/ops fail under CI and skip elsewhere"; fi
+
+test: install kafka-jars helm ops-tools promtool
 	$(PY) -m pytest -q
 
 bench: install

@@ -1,18 +1,32 @@
 """Prometheus export of the runtime's numbers: base units, ``rollout_reassembler_`` prefix,
 histogram buckets up to minutes (finalization on a busy GPU and deadline-closed groups are
-slow, and prometheus_client's default buckets stop at 10 s)."""
+slow, and prometheus_client's default buckets stop at 10 s).
+
+At start (``configure``) the sink also creates every labelled series an alert reads at 0
+(``INITIAL_LABELS``) and exports the settings alert thresholds depend on (``CONFIG_GAUGES``).
+Process, GC, platform, build and memory-limit metrics: ``stage.observability.process``."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Summary
 
+from stage.buffer import COMPLETE, CONFLICT, DEADLINE, DUPLICATE, LATE, REPLAYED
+from stage.observability.process import register_process_metrics
+from stage.publish.deadletters import DEAD_LETTERED_BEFORE, ERROR_CLASSES
+from stage.publish.records import DROPPED
+
 logger = logging.getLogger(__name__)
 
 PREFIX = "rollout_reassembler_"
-SECONDS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+# Above 2.5 s each bound is at most twice the one below (20, 240 and 1200 are there for that):
+# histogram_quantile interpolates inside a bucket, so a quantile of observations that are all
+# <= x reads at most 2x. RolloutReassemblerEndToEndSlow's threshold relies on it.
+SECONDS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 240, 300,
+                   600, 1200)
 
 # runtime stat name -> (kind, prometheus name, help, label names)
 COUNTERS = {
@@ -49,6 +63,44 @@ HISTOGRAMS = {
     "end_to_end_seconds": "From a group's last input record timestamp to its publication",
 }
 
+# Label values known before the first event, per labelled metric (a key of COUNTERS or GAUGES).
+# Their series are created at 0 by configure(): a counter series that first appears at 1 has no
+# increase() and no rate(), so the first dead letter or dropped group would never alert.
+# A tuple lists the values; a string names a set known only from the configuration
+# (configure() resolves it, see value_sets()).
+INPUT_TOPICS = "input topics"
+INITIAL_LABELS = {
+    "records_consumed": {"topic": INPUT_TOPICS},
+    "records_skipped": {"topic": INPUT_TOPICS,
+                        "reason": (DUPLICATE, LATE, REPLAYED, CONFLICT, DEAD_LETTERED_BEFORE)},
+    "dead_letters": {"topic": INPUT_TOPICS, "reason": ERROR_CLASSES},
+    "groups_published": {"outcome": (COMPLETE, DEADLINE, DROPPED)},
+    "rows_published": {"valid": ("true", "false")},
+    "rebalances": {"kind": ("assign", "revoke", "lost")},
+}
+# Settings exported as rollout_reassembler_config_<name> gauges, so alert thresholds follow the
+# configuration (EndToEndSlow is relative to the group timeout).
+CONFIG_GAUGES = {
+    "group_timeout_seconds": ("The group deadline, group_timeout_ms, in seconds",
+                              lambda cfg: cfg.group_timeout_ms / 1000),
+    "max_buffered_bytes": ("Back-pressure cap on buffered input bytes (max_buffered_bytes)",
+                           lambda cfg: cfg.max_buffered_bytes),
+    "max_buffered_groups": ("Back-pressure cap on buffered groups (max_buffered_groups)",
+                            lambda cfg: cfg.max_buffered_groups),
+}
+
+
+def value_sets(cfg) -> dict[str, tuple]:
+    """The label value sets INITIAL_LABELS names, for this configuration."""
+    return {INPUT_TOPICS: (cfg.topics.receipts, cfg.topics.staged_calls)}
+
+
+def label_combinations(labels: dict, sets: dict[str, tuple]) -> list[dict[str, str]]:
+    """Every combination of the label values of one INITIAL_LABELS entry."""
+    names = list(labels)
+    choices = [sets[v] if isinstance(v, str) else v for v in labels.values()]
+    return [dict(zip(names, combo)) for combo in itertools.product(*choices)]
+
 
 class PrometheusSink:
     """Receives RuntimeStats updates and keeps the Prometheus metrics in step."""
@@ -67,6 +119,19 @@ class PrometheusSink:
         # per name, so dashboards can show means without a series per group.
         self.group_metrics = Summary(PREFIX + "group_metric", "Per-group finalize metrics under NeMo RL's names",
                                      ("name",), registry=self.registry)
+        self.config = {key: Gauge(PREFIX + "config_" + key, doc, registry=self.registry)
+                       for key, (doc, _) in CONFIG_GAUGES.items()}
+        register_process_metrics(self.registry)
+
+    def configure(self, cfg) -> None:
+        """At start: export the settings of CONFIG_GAUGES and create INITIAL_LABELS' series at 0."""
+        for key, (_, value) in CONFIG_GAUGES.items():
+            self.config[key].set(value(cfg))
+        sets = value_sets(cfg)
+        for name, labels in INITIAL_LABELS.items():
+            metric = self.counters[name] if name in self.counters else self.gauges[name]
+            for combination in label_combinations(labels, sets):
+                metric.labels(**combination)
 
     def inc(self, name: str, value: float, labels: dict) -> None:
         if not value:

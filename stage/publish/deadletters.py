@@ -25,6 +25,8 @@ INVALID = "invalid"           # decodes, but a field is out of range or malforme
 MISROUTED = "misrouted"       # key or partition contradicts the record's group_id
 CONFLICT = "conflict"         # contradicts its group (group size, group-level fields)
 ERROR_CLASSES = (UNDECODABLE, INVALID, MISROUTED, CONFLICT)
+# records_skipped reason of a bad record at or below the watermark (dead-lettered already)
+DEAD_LETTERED_BEFORE = "dead_lettered_before"
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ from stage.publish.deadletters import (
 )
 from stage.publish.deadletters import (
     DEAD_LETTER_WATERMARK_KEY,
+    DEAD_LETTERED_BEFORE,
     INVALID,
     MISROUTED,
     UNDECODABLE,
@@ -90,6 +91,7 @@ class StageRuntime:
         self.cfg = cfg
         self.clock = clock or SystemClock()
         self.stats = stats or RuntimeStats()
+        self.stats.sink.configure(cfg)  # settings as gauges; alerted-on series created at 0
         self.limits = limits
         self.codecs = build_codecs(cfg)
         self.dims_cache = RouteDimsCache()
@@ -322,7 +324,7 @@ class StageRuntime:
             buffer.skip(topic, offset, position.timestamp_ms)
         watermarks = self.dl_watermarks.setdefault(partition, {})
         if offset <= watermarks.get(topic, -1):
-            self.stats.inc("records_skipped", topic=topic, reason="dead_lettered_before")
+            self.stats.inc("records_skipped", topic=topic, reason=DEAD_LETTERED_BEFORE)
             self._offsets_dirty = True
             return
         watermarks[topic] = offset

@@ -29,6 +29,16 @@ def _sample(text: str, metric: str, **labels) -> float:
     return total
 
 
+def _series(text: str, metric: str, **labels) -> list[float]:
+    """Values of the series of ``metric`` carrying (at least) these labels; [] when none exists."""
+    found = []
+    for line in text.splitlines():
+        match = re.match(rf"^{metric}(?:\{{(.*)\}})? (\S+)$", line)
+        if match and all(f'{k}="{v}"' in (match.group(1) or "").split(",") for k, v in labels.items()):
+            found.append(float(match.group(2)))
+    return found
+
+
 def test_metrics_and_health_during_a_real_run(kafka):
     topics = unique_topics()
     port = free_port()
@@ -74,3 +84,13 @@ def test_metrics_and_health_during_a_real_run(kafka):
     assert _sample(metrics, p + "end_to_end_seconds_count") == 4
     assert _sample(metrics, p + "group_metric_count", name="finalize/invalid_row_rate") == 4
     assert _sample(metrics, p + "assigned_partitions") == 4
+    # series alerts read exist at 0 before their first event (created when the stage starts)
+    assert _series(metrics, p + "dead_letters_total", topic=topics.staged_calls) == [0] * 4  # by reason
+    assert _series(metrics, p + "groups_published_total", outcome="dropped") == [0]
+    assert _series(metrics, p + "rebalances_total", kind="lost") == [0]
+    # the settings alert thresholds use, process metrics and the build
+    assert _series(metrics, p + "config_group_timeout_seconds") == [3]
+    assert _series(metrics, p + "config_max_buffered_bytes") == [cfg.max_buffered_bytes]
+    assert _series(metrics, "process_resident_memory_bytes")[0] > 0
+    assert _series(metrics, "python_gc_collections_total", generation="0")
+    assert _series(metrics, p + "build_info") == [1]

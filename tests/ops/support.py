@@ -31,10 +31,13 @@ OPS = ROOT / "ops"
 
 
 def tool(name: str, make_target: str) -> Path:
-    """A binary that `make <target>` builds into .cache/bin; skips the test when it is missing."""
+    """A binary that `make <target>` puts into .cache/bin; skips the test when it is missing,
+    except under CI (`CI` set, as .ci/run runs), where `make test` must have provided it."""
     path = BIN / name
     if path.is_file() and os.access(path, os.X_OK):
         return path
+    if os.environ.get("CI"):
+        pytest.fail(f"{name} is missing under CI: `make {make_target}` (part of `make test`) did not provide it")
     if shutil.which("go") is None:
         pytest.skip(f"{name} needs the Go toolchain (`make {make_target}` builds it from the Go module "
                     "proxy): no `go` on this machine")
@@ -65,29 +68,30 @@ def _values_args(values: dict | None, sets: tuple = ()) -> tuple[list, Path | No
     return args, path
 
 
-def helm_cmd(verb: str, values: dict | None = None, sets: tuple = (), extra: tuple = ()) -> subprocess.CompletedProcess:
+def helm_cmd(verb: str, values: dict | None = None, sets: tuple = (), extra: tuple = (), *,
+             release: str = "rr", namespace: str = "stage") -> subprocess.CompletedProcess:
     args, path = _values_args(values, sets)
     try:
         if verb == "lint":
             return run([helm(), "lint", "--strict", CHART, *args, *extra])
-        return run([helm(), "template", "rr", CHART, "--namespace", "stage", *args, *extra])
+        return run([helm(), "template", release, CHART, "--namespace", namespace, *args, *extra])
     finally:
         if path is not None:
             path.unlink()
 
 
 @functools.lru_cache(maxsize=None)
-def _render(values_json: str) -> tuple:
+def _render(values_json: str, release: str, namespace: str) -> tuple:
     values = json.loads(values_json)
-    result = helm_cmd("template", values)
+    result = helm_cmd("template", values, release=release, namespace=namespace)
     assert result.returncode == 0, f"helm template failed:\n{result.stderr}"
     docs = [d for d in yaml.safe_load_all(result.stdout) if d]
     return tuple(docs)
 
 
-def render(values: dict | None = None) -> list[dict]:
+def render(values: dict | None = None, *, release: str = "rr", namespace: str = "stage") -> list[dict]:
     """Rendered manifests (parsed) of the chart with these values; cached per value set."""
-    return [json.loads(json.dumps(d)) for d in _render(json.dumps(values or {}, sort_keys=True))]
+    return [json.loads(json.dumps(d)) for d in _render(json.dumps(values or {}, sort_keys=True), release, namespace)]
 
 
 def by_kind(docs: list[dict], kind: str) -> list[dict]:

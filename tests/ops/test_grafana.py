@@ -20,21 +20,25 @@ KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "and
 
 # -- what the stage registers ------------------------------------------------------------------
 def registered() -> dict[str, set[str]]:
-    """Every series name the stage's registry can expose -> its label names."""
+    """Every series name the stage's registry can expose, configured as at start -> its label
+    names (the stage's own metrics' label names; the collectors' from their samples)."""
     from stage.observability import PrometheusSink
+    from stage.runtime.config import StageConfig
     sink = PrometheusSink()
+    sink.configure(StageConfig())
     labels = {}
     for metric in [*sink.counters.values(), *sink.gauges.values(), *sink.histograms.values(),
-                   sink.lag, sink.group_metrics]:
+                   *sink.config.values(), sink.lag, sink.group_metrics]:
         labels[metric._name] = set(metric._labelnames)
-    suffixes = {"counter": ("_total", "_created"), "gauge": ("",),
+    suffixes = {"counter": ("_total", "_created"), "gauge": ("",), "info": ("_info",),
                 "histogram": ("_bucket", "_count", "_sum", "_created"),
                 "summary": ("", "_count", "_sum", "_created")}
     names: dict[str, set[str]] = {}
     for family in sink.registry.collect():
+        sampled = set().union(*(s.labels.keys() for s in family.samples))
         for suffix in suffixes[family.type]:
             extra = {"le"} if suffix == "_bucket" else ({"quantile"} if family.type == "summary" and not suffix else set())
-            names[family.name + suffix] = labels[family.name] | extra
+            names[family.name + suffix] = labels.get(family.name, sampled) | extra
     assert names, "the sink registered nothing"
     return names
 
@@ -169,7 +173,11 @@ def test_dashboard_covers_the_operational_signals():
     p = "rollout_reassembler_"
     for needle in (f"{p}records_consumed_total", f"{p}dead_letters_total", f"{p}consumer_lag",
                    f"{p}open_groups", f"{p}buffered_bytes", f"{p}paused_partitions", f"{p}inflight_groups",
-                   f"{p}transactions_committed_total", f"{p}transactions_aborted_total"):
+                   f"{p}transactions_committed_total", f"{p}transactions_aborted_total",
+                   # memory against the pod limit and the buffer cap; CPU, fds, GC, restarts, build
+                   "process_resident_memory_bytes", f"{p}memory_limit_bytes", f"{p}config_max_buffered_bytes",
+                   "process_cpu_seconds_total", "process_open_fds", "python_gc_collections_total",
+                   "process_start_time_seconds", f"{p}build_info", f"{p}config_group_timeout_seconds"):
         assert needle in text, needle
     for metric, label in (("groups_published_total", "outcome"), ("rows_published_total", "valid"),
                           ("rejections_total", "bucket"), ("rebalances_total", "kind")):

@@ -22,10 +22,12 @@ SECURE = {"kafka": {"sasl": {"enabled": True, "existingSecret": "kafka-user", "m
                     "tls": {"enabled": True, "existingSecret": "kafka-ca", "certKey": "tls.crt", "keyKey": "tls.key"}}}
 AUTOSCALE = {"keda": {"enabled": True}, "serviceMonitor": {"enabled": True, "labels": {"release": "prom"}},
              "partitions": 24}
-GPU = {"gpu": {"enabled": True, "count": 2, "nodeSelector": {"nvidia.com/gpu.present": "true"}},
-       "image": {"tag": "0.1.0-cuda"}}
+GPU = {"gpu": {"enabled": True, "count": 2, "nodeSelector": {"nvidia.com/gpu.present": "true"}}}
+STATIC = {"staticMembership": {"enabled": True, "sessionTimeoutMs": 90000}}
+ALERTING = {"serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True, "labels": {"release": "prom"}}}
 VALUE_SETS = {"default": {}, "sasl-tls": SECURE, "keda-servicemonitor": AUTOSCALE, "gpu": GPU,
-              "everything": {**SECURE, **AUTOSCALE, **GPU, "transactionalIdPrefix": "prod-"}}
+              "static-membership": STATIC, "alerting": ALERTING,
+              "everything": {**SECURE, **AUTOSCALE, **GPU, **STATIC, **ALERTING, "transactionalIdPrefix": "prod-"}}
 
 POD_NAME = "rr-rollout-reassembler-0"
 
@@ -44,9 +46,11 @@ def container(docs: list[dict]) -> dict:
     return stage
 
 
-def pod_env(docs: list[dict]) -> dict[str, str]:
+def pod_env(docs: list[dict], services: tuple[str, ...] = ()) -> dict[str, str]:
     """The container's environment as the kubelet would give it: downward API -> the pod name,
-    Secret references -> a placeholder, $(VAR) references expanded."""
+    Secret references -> a placeholder, $(VAR) references expanded; plus, unless the pod spec
+    sets enableServiceLinks: false, the service-link variables of `services` (ClusterIP
+    Services of the namespace, port 9400 named metrics)."""
     env: dict[str, str] = {}
     for item in container(docs)["env"]:
         if "value" in item:
@@ -60,7 +64,21 @@ def pod_env(docs: list[dict]) -> dict[str, str]:
         else:
             raise AssertionError(f"unexpected env entry {item}")
         env[item["name"]] = value
+    if one(docs, "StatefulSet")["spec"]["template"]["spec"].get("enableServiceLinks", True):
+        for service in services:
+            links = service_links(service, "10.96.0.10", 9400, "metrics")
+            env.update({k: v for k, v in links.items() if k not in env})  # the container's own win
     return env
+
+
+def service_links(service: str, ip: str, port: int, port_name: str) -> dict[str, str]:
+    """The variables the kubelet injects for one ClusterIP Service (Docker-links style)."""
+    name = service.upper().replace("-", "_")
+    url = f"tcp://{ip}:{port}"
+    return {f"{name}_SERVICE_HOST": ip, f"{name}_SERVICE_PORT": str(port),
+            f"{name}_SERVICE_PORT_{port_name.upper()}": str(port), f"{name}_PORT": url,
+            f"{name}_PORT_{port}_TCP": url, f"{name}_PORT_{port}_TCP_PROTO": "tcp",
+            f"{name}_PORT_{port}_TCP_PORT": str(port), f"{name}_PORT_{port}_TCP_ADDR": ip}
 
 
 def stage_yaml(docs: list[dict]) -> str:
@@ -86,6 +104,42 @@ def test_rendered_config_and_env_load_with_the_stage_loader(name):
     prefix = VALUE_SETS[name].get("transactionalIdPrefix", "")
     assert cfg.effective_transactional_id == prefix + POD_NAME
     assert cfg.bootstrap_servers == values_yaml()["config"]["bootstrap_servers"]
+
+
+def test_service_links_are_off_so_services_named_like_the_stage_inject_nothing():
+    """A Service named rollout-reassembler (another release with the default name, a user's
+    ClusterIP Service) makes the kubelet inject ROLLOUT_REASSEMBLER_SERVICE_HOST, ..._PORT=tcp://...
+    into every pod of the namespace unless the pod spec turns service links off."""
+    services = ("rollout-reassembler", "rollout-reassembler-dashboards")
+    for name, values in VALUE_SETS.items():
+        docs = render(values)
+        assert one(docs, "StatefulSet")["spec"]["template"]["spec"]["enableServiceLinks"] is False, name
+        env = pod_env(docs, services)
+        assert not [k for k in env if "_SERVICE_" in k or k.endswith("_TCP")], name
+        load_stage_config(stage_yaml(docs), {k: v for k, v in env.items() if k != "POD_NAME"})
+    # what the simulation injects with service links on: variables in the stage's namespace
+    links = service_links("rollout-reassembler", "10.96.0.10", 9400, "metrics")
+    assert links["ROLLOUT_REASSEMBLER_PORT"] == "tcp://10.96.0.10:9400"
+
+
+def test_static_membership_uses_the_pod_name_and_its_session_timeout():
+    docs = render(STATIC)
+    env = {e["name"]: e for e in container(docs)["env"]}
+    assert env["ROLLOUT_REASSEMBLER_CONSUMER__GROUP_INSTANCE_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    from stage.runtime.clients import consumer_config
+    cfg = load_stage_config(stage_yaml(docs), {k: v for k, v in pod_env(docs).items() if k != "POD_NAME"})
+    consumer = consumer_config(cfg)
+    assert consumer["group.instance.id"] == POD_NAME == cfg.effective_transactional_id
+    assert int(consumer["session.timeout.ms"]) == STATIC["staticMembership"]["sessionTimeoutMs"]
+    assert int(consumer["session.timeout.ms"]) <= consumer["max.poll.interval.ms"]
+    default = consumer_config(load_stage_config(stage_yaml(render()), {
+        k: v for k, v in pod_env(render()).items() if k != "POD_NAME"}))
+    assert "group.instance.id" not in default and "session.timeout.ms" not in default
+    assert values_yaml()["staticMembership"] == {"enabled": False, "sessionTimeoutMs": 120000}
+    # librdkafka refuses session.timeout.ms above max.poll.interval.ms: so does the chart
+    result = helm_cmd("template", {**STATIC, "config": {"bootstrap_servers": "b:9092", "max_poll_interval_ms": 60000}})
+    assert result.returncode != 0
+    assert "staticMembership.sessionTimeoutMs (90000) must not exceed config.max_poll_interval_ms (60000)" in result.stderr
 
 
 def test_statefulset_transactional_id_comes_from_the_pod_name():
@@ -240,7 +294,6 @@ def test_gpu_resources_only_when_enabled():
     stage = container(docs)
     assert stage["resources"]["limits"]["nvidia.com/gpu"] == 2
     assert stage["resources"]["limits"]["memory"] == values_yaml()["resources"]["limits"]["memory"]
-    assert stage["image"].endswith(":0.1.0-cuda")
     pod = one(docs, "StatefulSet")["spec"]["template"]["spec"]
     assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
@@ -248,6 +301,25 @@ def test_gpu_resources_only_when_enabled():
     assert cfg.finalize.device == "cuda"
     # the chart's values are not mutated by the GPU merge (rendering twice gives the same result)
     assert _gpu_limits(render({})) == []
+
+
+@pytest.mark.parametrize("values, image", [
+    # the CUDA build's tag as the README's build command names it, from the chart's appVersion
+    ({}, "rollout-reassembler:{v}-cuda"),
+    ({"image": {"tag": "0.2.0"}}, "rollout-reassembler:0.2.0-cuda"),
+    ({"image": {"tag": "0.2.0-cuda"}}, "rollout-reassembler:0.2.0-cuda"),
+    ({"gpu": {"image": {"tag": "nightly-cu124"}}}, "rollout-reassembler:nightly-cu124"),
+    ({"image": {"repository": "reg.example/rr"}, "gpu": {"image": {"repository": "reg.example/rr-cuda"}}},
+     "reg.example/rr-cuda:{v}-cuda"),
+])
+def test_gpu_selects_the_cuda_image(values, image):
+    version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+    gpu = _merge(values, {"gpu": {"enabled": True}})
+    assert container(render(gpu))["image"] == image.format(v=version)
+    # without gpu.enabled: the CPU image, as configured
+    cpu = {k: v for k, v in values.items() if k != "gpu"}
+    image_values = {"repository": "rollout-reassembler", "tag": version, **cpu.get("image", {})}
+    assert container(render(cpu))["image"] == "{repository}:{tag}".format(**image_values)
 
 
 def test_config_checksum_rolls_pods_on_config_change():
@@ -274,6 +346,12 @@ BAD_VALUES = {
     "typo at the top": ({"replicas": 2}, ""),
     "bad port": ({"metrics": {"port": 70000}}, "/metrics/port"),
     "bad device": ({"gpu": {"device": "tpu"}}, "/gpu/device"),
+    "gpu image typo": ({"gpu": {"image": {"tags": "x"}}}, "/gpu/image"),
+    "session timeout below the brokers' minimum": ({"staticMembership": {"sessionTimeoutMs": 1000}},
+                                                   "/staticMembership/sessionTimeoutMs"),
+    "static membership typo": ({"staticMembership": {"enable": True}}, "/staticMembership"),
+    "quote in the rule job": ({"prometheusRule": {"job": 'a"b'}}, "/prometheusRule/job"),
+    "unknown alert name": ({"prometheusRule": {"disabledAlerts": ["Down"]}}, "/prometheusRule/disabledAlerts/0"),
 }
 
 

@@ -37,8 +37,16 @@ app.kubernetes.io/component: stage
 {{- end -}}
 {{- end -}}
 
+{{/* The container image: the CUDA build with gpu.enabled (the CPU image has no CUDA torch). */}}
 {{- define "rr.image" -}}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- $tag := default .Chart.AppVersion .Values.image.tag -}}
+{{- if .Values.gpu.enabled -}}
+{{- $gpu := .Values.gpu.image | default dict -}}
+{{- $cudaTag := printf "%s-cuda" (trimSuffix "-cuda" $tag) -}}
+{{- printf "%s:%s" (default .Values.image.repository $gpu.repository) (default $cudaTag $gpu.tag) -}}
+{{- else -}}
+{{- printf "%s:%s" .Values.image.repository $tag -}}
+{{- end -}}
 {{- end -}}
 
 {{/* A config value with the stage's default when the key is absent (0 is a value). */}}
@@ -90,6 +98,13 @@ groups, then commits one transaction bounded by transaction_timeout_ms, then lea
 {{- end -}}
 {{- if gt (.Values.keda.minReplicaCount | int64) $max -}}
 {{- fail (printf "keda.minReplicaCount (%d) must not exceed keda.maxReplicaCount (%d)" (.Values.keda.minReplicaCount | int64) $max) -}}
+{{- end -}}
+{{- end -}}
+{{- if .Values.staticMembership.enabled -}}
+{{- $session := .Values.staticMembership.sessionTimeoutMs | int64 -}}
+{{- $poll := include "rr.configMs" (list .Values.config "max_poll_interval_ms" 600000) | int64 -}}
+{{- if gt $session $poll -}}
+{{- fail (printf "staticMembership.sessionTimeoutMs (%d) must not exceed config.max_poll_interval_ms (%d): librdkafka refuses the consumer" $session $poll) -}}
 {{- end -}}
 {{- end -}}
 {{- if and .Values.kafka.sasl.enabled (not .Values.kafka.sasl.existingSecret) -}}

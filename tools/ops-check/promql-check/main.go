@@ -3,7 +3,9 @@
 // (tests/ops/test_grafana.py) feed it every expression of the Grafana dashboard.
 //
 // Input (stdin): a JSON array of strings. Output (stdout): a JSON array, one object per input:
-// {"error": "..."} or {"metrics": [...], "matchers": {"metric": ["label", ...]}, "grouping": [...]}.
+// {"error": "..."} or {"metrics": [...], "matchers": {"metric": ["label", ...]}, "grouping": [...],
+// "selectors": [{"metric": "...", "matchers": [["label", "=", "value"], ...]}, ...]}
+// (selectors: every vector selector in order, with its matchers' operators and values).
 package main
 
 import (
@@ -16,17 +18,23 @@ import (
 )
 
 type result struct {
-	Error    string              `json:"error,omitempty"`
-	Metrics  []string            `json:"metrics"`
-	Matchers map[string][]string `json:"matchers"`
-	Grouping []string            `json:"grouping"`
-	Type     string              `json:"type,omitempty"`
+	Error     string              `json:"error,omitempty"`
+	Metrics   []string            `json:"metrics"`
+	Matchers  map[string][]string `json:"matchers"`
+	Grouping  []string            `json:"grouping"`
+	Type      string              `json:"type,omitempty"`
+	Selectors []selector          `json:"selectors"`
+}
+
+type selector struct {
+	Metric   string      `json:"metric"`
+	Matchers [][3]string `json:"matchers"`
 }
 
 var promql = parser.NewParser(parser.Options{})
 
 func check(expr string) result {
-	r := result{Metrics: []string{}, Matchers: map[string][]string{}, Grouping: []string{}}
+	r := result{Metrics: []string{}, Matchers: map[string][]string{}, Grouping: []string{}, Selectors: []selector{}}
 	node, err := promql.ParseExpr(expr)
 	if err != nil {
 		r.Error = err.Error()
@@ -40,7 +48,9 @@ func check(expr string) result {
 		case *parser.VectorSelector:
 			name := v.Name
 			labels := []string{}
+			sel := selector{Matchers: [][3]string{}}
 			for _, m := range v.LabelMatchers {
+				sel.Matchers = append(sel.Matchers, [3]string{m.Name, m.Type.String(), m.Value})
 				if m.Name == "__name__" {
 					if name == "" {
 						name = m.Value
@@ -50,6 +60,8 @@ func check(expr string) result {
 				labels = append(labels, m.Name)
 			}
 			metrics[name] = true
+			sel.Metric = name
+			r.Selectors = append(r.Selectors, sel)
 			if _, seen := r.Matchers[name]; !seen {
 				r.Matchers[name] = []string{}
 			}
