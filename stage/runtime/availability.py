@@ -46,12 +46,13 @@ class PartitionView:
 
 class EndOffsetProbe:
     def __init__(self, admin, now_ms, *, interval_s: float = 1.0, settle_s: float = 3.0,
-                 timeout_s: float = 5.0) -> None:
+                 timeout_s: float = 5.0, slow_s: float = 2.0) -> None:
         self.admin = admin
         self.now_ms = now_ms
         self.interval_ms = int(interval_s * 1000)
         self.settle_ms = int(settle_s * 1000)
         self.timeout_s = timeout_s
+        self.slow_ms = int(slow_s * 1000)   # a probe unanswered this long: the leader is not answering
         self.views: dict[tuple[str, int], PartitionView] = {}
         self._inflight: _Probe | None = None
         self._last_asked_ms = -1
@@ -104,6 +105,9 @@ class EndOffsetProbe:
             except Exception as error:  # noqa: BLE001 - KafkaException, cancelled: unavailable
                 self._failed(key, answered, str(error))
                 continue
+            if offset < 0:   # an answer without an offset: no leader could say
+                self._failed(key, answered, "no end offset in the answer (leader unknown)")
+                continue
             view = self.views[key]
             if view.available_since_ms is None:
                 view.available_since_ms = probe.asked_ms
@@ -138,7 +142,24 @@ class EndOffsetProbe:
 
     def available(self, topic: str, partition: int) -> bool:
         view = self.views.get((topic, partition))
-        return view is not None and view.available_since_ms is not None
+        return (view is not None and view.available_since_ms is not None
+                and not self._unanswered(topic, partition))
+
+    def _unanswered(self, topic: str, partition: int) -> bool:
+        """Asked for more than ``slow_s`` ago and still no answer (a dead leader)."""
+        probe = self._inflight
+        if probe is None or self.now_ms() - probe.asked_ms < self.slow_ms:
+            return False
+        future = probe.futures.get(TopicPartition(topic, partition))
+        return future is not None and not future.done()
+
+    def why_unavailable(self, topic: str, partition: int) -> str:
+        view = self.views.get((topic, partition))
+        if view is not None and view.failure:
+            return view.failure
+        if self._unanswered(topic, partition):
+            return f"its leader has not answered for {(self.now_ms() - self._inflight.asked_ms) / 1000:.0f}s"
+        return "not answering yet"
 
     def note_position(self, topic: str, partition: int, position: int) -> int:
         """Record the consumer's position; returns the latest time it was read to its end."""
@@ -155,3 +176,72 @@ class EndOffsetProbe:
         view = self.views.get((topic, partition))
         if view is not None:
             view.read_to_end_ms = -1
+
+
+class StartOffsets:
+    """Where the consumer began fetching a partition it has consumed nothing from yet
+    (librdkafka reports no position until the first record): the group's committed offset, or
+    the log start when none is committed (auto.offset.reset=earliest). Asked of the brokers
+    asynchronously, like the end offsets, so the loop never waits on a coordinator that is
+    failing over."""
+
+    def __init__(self, admin, group_id: str, *, timeout_s: float = 5.0, retry_s: float = 1.0) -> None:
+        self.admin, self.group_id = admin, group_id
+        self.timeout_s, self.retry_s = timeout_s, retry_s
+        self.known: dict[tuple[str, int], int] = {}
+        self._pending: dict[tuple[str, int], tuple[str, object]] = {}
+        self._retry_at: dict[tuple[str, int], float] = {}
+
+    def get(self, topic: str, partition: int, now_s: float) -> int:
+        """The start offset, or -1 while it is being asked for."""
+        key = (topic, partition)
+        if key in self.known:
+            return self.known[key]
+        pending = self._pending.get(key)
+        if pending is not None:
+            self._harvest(key, *pending, now_s)
+        elif now_s >= self._retry_at.get(key, 0.0):
+            self._ask_committed(key)
+        return self.known.get(key, -1)
+
+    def forget(self, topic: str, partition: int) -> None:
+        key = (topic, partition)
+        self.known.pop(key, None)
+        self._pending.pop(key, None)
+        self._retry_at.pop(key, None)
+
+    def _ask_committed(self, key) -> None:
+        from confluent_kafka import ConsumerGroupTopicPartitions
+        request = ConsumerGroupTopicPartitions(self.group_id, [TopicPartition(*key)])
+        try:
+            futures = self.admin.list_consumer_group_offsets([request], require_stable=True,
+                                                             request_timeout=self.timeout_s)
+        except (KafkaException, ValueError, TypeError):
+            return
+        self._pending[key] = ("committed", futures[self.group_id])
+
+    def _harvest(self, key, kind: str, future, now_s: float) -> None:
+        if not future.done():
+            return
+        del self._pending[key]
+        try:
+            result = future.result()
+        except Exception:  # noqa: BLE001 - coordinator or leader unavailable: ask again later
+            self._retry_at[key] = now_s + self.retry_s
+            return
+        if kind == "committed":
+            offset = result.topic_partitions[0].offset
+            if offset >= 0:
+                self.known[key] = offset
+                return
+            tp = TopicPartition(*key)
+            try:
+                futures = self.admin.list_offsets({tp: OffsetSpec.earliest()}, request_timeout=self.timeout_s)
+            except (KafkaException, ValueError, TypeError):
+                self._retry_at[key] = now_s + self.retry_s
+                return
+            self._pending[key] = ("earliest", futures[tp])
+        elif result.offset >= 0:
+            self.known[key] = result.offset
+        else:
+            self._retry_at[key] = now_s + self.retry_s

@@ -48,7 +48,7 @@ from stage.publish.deadletters import (
 )
 from stage.routes import RouteDimsCache
 from stage.runtime import exits
-from stage.runtime.availability import EndOffsetProbe
+from stage.runtime.availability import EndOffsetProbe, StartOffsets
 from stage.runtime.clients import consumer_config, producer_config
 from stage.runtime.config import EXACTLY_ONCE, StageConfig
 from stage.runtime.ledger import LoadCancelled, load_ledger
@@ -112,7 +112,6 @@ class StageRuntime:
         self.resolver = SchemaResolver() if cfg.framing == "confluent" else None
         self._bp_paused = False
         self._blocked: set[tuple[str, int]] = set()   # put back during this consume batch
-        self._start_offsets: dict = {}             # (topic, partition) -> where fetching began
         self._fatal: exits.StageExit | None = None
         self._stop = threading.Event()
         self._last_commit = time.monotonic()
@@ -121,6 +120,7 @@ class StageRuntime:
         self.consumer: Consumer | None = None
         self.admin: AdminClient | None = None
         self.probe: EndOffsetProbe | None = None
+        self.start_offsets: StartOffsets | None = None
         self.publisher = None
         self.partitions = 0
         self.pool = ThreadPoolExecutor(cfg.finalize_workers, thread_name_prefix="finalize")
@@ -157,6 +157,7 @@ class StageRuntime:
         except StageFatal as error:
             raise exits.kafka_fatal(f"init_transactions failed: {error}") from None
         self.probe = EndOffsetProbe(self.admin, self.clock.now_ms)
+        self.start_offsets = StartOffsets(self.admin, cfg.group_id)
         consumer_conf = consumer_config(cfg)
         if cfg.statistics_interval_ms > 0:  # per-partition consumer lag for /metrics
             consumer_conf.setdefault("statistics.interval.ms", cfg.statistics_interval_ms)
@@ -339,8 +340,9 @@ class StageRuntime:
         self.epochs[partition] = epoch = self.epochs.get(partition, 0) + 1
         self.buffers.pop(partition, None)
         self.pauses.hold(partition, LOADING)
-        for topic in self.topics:
-            self._start_offsets.pop((topic, partition), None)
+        if self.start_offsets is not None:
+            for topic in self.topics:
+                self.start_offsets.forget(topic, partition)
 
         def stopped() -> bool:
             return self._stop.is_set() or self.epochs.get(partition) != epoch
@@ -416,7 +418,7 @@ class StageRuntime:
                 unavailable = [t for t in self.topics if not self.probe.available(t, partition)]
                 if unavailable and not not_fetching:
                     held[partition] = ", ".join(
-                        f"{t}[{partition}] ({self.probe.views[(t, partition)].failure or 'not answering yet'})"
+                        f"{t}[{partition}] ({self.probe.why_unavailable(t, partition)})"
                         for t in unavailable)
                     if now_ms - due[partition] >= self.cfg.deadline_hold_max_ms:
                         force_before = now_ms - self.cfg.deadline_hold_max_ms
@@ -454,23 +456,7 @@ class StageRuntime:
         return out
 
     def _start_offset(self, tp: TopicPartition) -> int:
-        key = (tp.topic, tp.partition)
-        cached = self._start_offsets.get(key)
-        if isinstance(cached, int):
-            return cached
-        if cached is not None and time.monotonic() < cached[0]:
-            return -1   # the last lookup failed a moment ago
-        try:
-            (committed,) = self.consumer.committed([TopicPartition(tp.topic, tp.partition)], timeout=5)
-            start = committed.offset
-            if start < 0:
-                start = self.consumer.get_watermark_offsets(tp, timeout=5, cached=False)[0]
-        except KafkaException as error:
-            logger.debug("start offset of %s[%d] unknown yet: %s", tp.topic, tp.partition, error)
-            self._start_offsets[key] = (time.monotonic() + 1.0,)
-            return -1
-        self._start_offsets[key] = start
-        return start
+        return self.start_offsets.get(tp.topic, tp.partition, time.monotonic())
 
     def _submit(self) -> None:
         while self.waiting and len(self.inflight) + len(self.done) < self.cfg.max_inflight_groups:
