@@ -100,7 +100,8 @@ $(PROMETHEUS_STAMP):
 	@mkdir -p $(BIN); if command -v go >/dev/null; then \
 	  echo "building prometheus $(PROMETHEUS_VERSION) into $(BIN) (Go module proxy; a few minutes the first time)"; \
 	  GOBIN=$(abspath $(BIN)) CGO_ENABLED=0 GOFLAGS=-buildvcs=false go install -trimpath -tags remove_all_sd \
-	    -ldflags '-s -w' github.com/prometheus/prometheus/cmd/prometheus@$(PROMETHEUS_VERSION) \
+	    -ldflags '-s -w -X github.com/prometheus/common/version.Version=$(PROMETHEUS_VERSION)' \
+	    github.com/prometheus/prometheus/cmd/prometheus@$(PROMETHEUS_VERSION) \
 	  && rm -f $(BIN)/.prometheus-* && touch $@; \
 	else echo "prometheus-bin: no go toolchain here; the compose stack test will be skipped"; fi
 

@@ -61,7 +61,7 @@ class Container:
         return docker("inspect", "-f", "{{" + field + "}}", self.name).stdout.strip()
 
     def remove(self) -> None:
-        docker("rm", "-f", self.name, check=False)
+        docker("rm", "--force", "--volumes", self.name, check=False)
 
 
 def http_ok(url: str) -> bool:

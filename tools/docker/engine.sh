@@ -51,7 +51,7 @@ down() {
     if answers; then
         # leftovers of a killed test run: only containers the tests labelled
         local left; left=$(docker ps -aq --filter "label=$TEST_LABEL")
-        [[ -n "$left" ]] && docker rm -f $left >/dev/null
+        [[ -n "$left" ]] && docker rm --force --volumes $left >/dev/null
     fi
     [[ -f "$PIDFILE" ]] || return 0
     local pid; pid=$(cat "$PIDFILE")

@@ -93,6 +93,8 @@ build_prometheus() (
 # The stage image's dependencies, as wheels, from pip's cache where `make install` left them:
 # served to the build over loopback so the image does not download torch's GBs a second time.
 wheelhouse() {
+    local stamp; stamp="$WHEELHOUSE/.complete-$(cat "$ROOT/pyproject.toml" "$ROOT/constraints.txt" | sha1sum | cut -c1-16)"
+    [[ -f "$stamp" ]] && return
     mkdir -p "$WHEELHOUSE"
     "$PY" - "$ROOT/pyproject.toml" >"$WHEELHOUSE/requirements.txt" <<'PYTHON'
 import sys, tomllib
@@ -100,13 +102,19 @@ print("\n".join(tomllib.load(open(sys.argv[1], "rb"))["project"]["dependencies"]
 PYTHON
     env -u PIP_FIND_LINKS "$PY" -m pip download --quiet --dest "$WHEELHOUSE" --only-binary=:all: \
         -c "$ROOT/constraints.txt" -r "$WHEELHOUSE/requirements.txt" "setuptools>=77" >&2
+    rm -f "$WHEELHOUSE"/.complete-* && touch "$stamp"
 }
 
 build_stage() (
     local recipe; recipe=$( (hash_of Dockerfile .dockerignore pyproject.toml constraints.txt README.md schemas stage; image_id "$PYTHON_IMAGE") | sha1sum | cut -c1-16)
     current "$STAGE_IMAGE" "$recipe" && return
     timed wheelhouse ""
-    local port; port=$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    # A fixed port keeps the build argument, and so docker's cache of the dependency layer,
+    # the same from one build to the next (a busy port costs that layer a rebuild).
+    local port=${WHEELHOUSE_PORT:-38761}
+    if ! "$PY" -c "import socket, sys; socket.create_server(('127.0.0.1', int(sys.argv[1])))" "$port" 2>/dev/null; then
+        port=$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    fi
     "$PY" -m http.server --bind 127.0.0.1 --directory "$WHEELHOUSE" "$port" >/dev/null 2>&1 &
     local server=$!
     trap 'kill "$server" 2>/dev/null || true' EXIT
