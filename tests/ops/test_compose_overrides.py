@@ -9,7 +9,9 @@ import os
 
 import yaml
 
-from tests.ops.support import COMPOSE, ROOT, compose, compose_environment, interpolate, run, tool
+from tests.ops.support import (
+    COMPOSE, ROOT, compose, compose_environment, interpolate, load_stage_config, run, tool,
+)
 
 GPU = ROOT / "docker-compose.gpu.yml"
 HOST = ROOT / "tools" / "docker" / "compose.host.yml"
@@ -45,7 +47,7 @@ def test_gpu_override_reserves_a_gpu_for_a_cuda_stage():
     assert "BASE_IMAGE" not in override["build"]["args"]       # ... on the slim base, not a CUDA one
     stage = merged(GPU)["services"]["stage"]
     assert stage["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
-    assert environment(stage)["ROLLOUT_REASSEMBLER_FINALIZE__DEVICE"] == "cuda"
+    assert load_stage_config(None, environment(stage)).finalize.device == "cuda"  # the stage's own loader
     args = compose_environment({"environment": stage["build"]["args"]})
     assert args["BASE_IMAGE"] == "python:3.11-slim" and args["TORCH_INDEX_URL"] == ""
     assert stage["image"] != compose()["services"]["stage"]["image"]  # the CPU image is not overwritten
