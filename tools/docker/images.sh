@@ -123,6 +123,9 @@ build_stage() (
         --build-arg "WHEELHOUSE_URL=http://127.0.0.1:$port/" "$ROOT"
 )
 
+# Superseded builds (untagged, with this script's label) only: nothing else in the engine.
+prune() { docker image prune --force --filter "label=$LABEL" >/dev/null; }
+
 print_env() {
     local name var
     for pair in KAFKA_TEST_IMAGE:$KAFKA_IMAGE STAGE_TEST_IMAGE:$STAGE_IMAGE PROMETHEUS_TEST_IMAGE:$PROMETHEUS_IMAGE; do
@@ -139,7 +142,7 @@ case "${1:-all}" in
     stage) timed build_base "$BASE_IMAGE"; timed build_python "$PYTHON_IMAGE"; timed build_stage "$STAGE_IMAGE" ;;
     prometheus) timed build_base "$BASE_IMAGE"; timed build_prometheus "$PROMETHEUS_IMAGE" ;;
     all) timed build_base "$BASE_IMAGE"; timed build_kafka "$KAFKA_IMAGE"; timed build_python "$PYTHON_IMAGE"
-         timed build_prometheus "$PROMETHEUS_IMAGE"; timed build_stage "$STAGE_IMAGE" ;;
+         timed build_prometheus "$PROMETHEUS_IMAGE"; timed build_stage "$STAGE_IMAGE"; prune ;;
     env) print_env ;;
     *) echo "usage: $0 [base|kafka|python|prometheus|stage|all|env]" >&2; exit 2 ;;
 esac
