@@ -81,7 +81,6 @@ run() {
             bash "$ROOT/tools/docker/images.sh" all || { down; return 1; }
         fi
         eval "$(bash "$ROOT/tools/docker/images.sh" env)"
-        export TESTCONTAINERS_RYUK_DISABLED=${TESTCONTAINERS_RYUK_DISABLED:-true}
     fi
     "$@"; rc=$?
     [[ $engine == 1 ]] && down
