@@ -22,7 +22,7 @@ def test_a_failed_start_removes_the_container():
     with pytest.raises(RuntimeError, match="exited during start-up") as failure:
         broker.start(timeout=90)
     assert "not-a-role" in str(failure.value) or "process.roles" in str(failure.value)  # its log is attached
-    container_id = broker.container._container.id
+    container_id = broker.container.get_wrapped_container().id
     left = docker("ps", "-aq", "--no-trunc", "--filter", f"label={TEST_LABEL}").stdout.split()
     assert container_id not in left
 

@@ -92,6 +92,7 @@ class ContainerBroker:
         host = "127.0.0.1" if self.host_network else client.host()
         self.bootstrap = f"{host}:{self.port}"
         self._ensure_image(client.client)
+        self._stopped = False
         self.container = DockerContainer(self.image)
         for key, value in broker_environment(self.port, controller_port, host, host_network=self.host_network).items():
             self.container.with_env(key, value)
@@ -133,10 +134,12 @@ class ContainerBroker:
     def log_tail(self, lines: int = 200) -> str:
         """The broker's log (the container's output), last lines."""
         try:
-            return self.container._container.logs(tail=lines).decode(errors="replace")
+            return self.container.get_wrapped_container().logs(tail=lines).decode(errors="replace")
         except Exception as error:  # noqa: BLE001 - the container may be gone
             return f"(no container log: {error})"
 
     def stop(self) -> None:
-        if self.container._container is not None:
+        """Removes the container with its volumes; a second call does nothing."""
+        if not self._stopped:
+            self._stopped = True
             self.container.stop()
