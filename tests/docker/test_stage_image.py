@@ -12,7 +12,7 @@ import yaml
 
 from stage.kraft import free_port
 from stage.wire import TopicNames
-from tests.docker.support import ROOT, Container, check_published, failed, http_ok, image, wait_for
+from tests.docker.support import ROOT, Container, check_published, docker, failed, http_ok, image, wait_for
 
 # seed 2, 8 groups of 3 with every rollout fault and garbage; no media or sampler top-k, as
 # ops/stage.yaml configures the stage (router replay with routes in the rows)
@@ -64,7 +64,6 @@ def test_stage_image_processes_the_produce_only_feed(kafka, tmp_path):
         # HEALTHCHECK: its first probe runs 15 s after the start
         wait_for("the image's HEALTHCHECK healthy", lambda: stage.state(".State.Health.Status") == "healthy",
                  60, stage.logs)
-        from tests.docker.support import docker
         docker("stop", "-t", "60", stage.name, timeout=90)
         assert stage.state(".State.ExitCode") == "0", stage.logs()
     finally:
