@@ -27,6 +27,13 @@ def _bad(feeder: Feeder, topics, tag: str) -> None:
     feeder.flush()
 
 
+def _wave(feeder: Feeder, topics, spec) -> None:
+    _bad(feeder, topics, spec.group_id)
+    feeder.staged(spec)
+    feeder.receipts(spec)
+    feeder.flush()
+
+
 @pytest.mark.parametrize("restart", ["sigterm", "before_commit:2", "after_commit:2"])
 def test_each_bad_record_has_exactly_one_committed_dead_letter(kafka, tmp_path, restart):
     topics = unique_topics()
@@ -43,11 +50,10 @@ def test_each_bad_record_has_exactly_one_committed_dead_letter(kafka, tmp_path, 
     try:
         first = StageProcess(cfg, tmp_path, "first", fault=fault)
         procs.append(first)
+        fed = 0
         for wave in waves[:2]:          # each wave: bad records, then a group -> one transaction
-            _bad(feeder, topics, wave.group_id)
-            feeder.staged(wave)
-            feeder.receipts(wave)
-            feeder.flush()
+            _wave(feeder, topics, wave)
+            fed += 1
             try:
                 watcher.wait_for([wave.group_id], 60, procs=[first], what=wave.group_id)
             except AssertionError:
@@ -58,11 +64,11 @@ def test_each_bad_record_has_exactly_one_committed_dead_letter(kafka, tmp_path, 
             assert first.terminate(45) == 0, first.tail()
         else:
             assert first.wait_exit(60) == -signal.SIGKILL, first.tail()
+        for wave in waves[fed:2]:       # input that arrives while the stage is down
+            _wave(feeder, topics, wave)
         second = StageProcess(cfg, tmp_path, "second")
         procs.append(second)
-        _bad(feeder, topics, waves[2].group_id)
-        feeder.staged(waves[2])
-        feeder.receipts(waves[2])
+        _wave(feeder, topics, waves[2])
         feeder.receipts(holder, holder.receipts[1:])
         feeder.flush()
         watcher.wait_for([g.group_id for g in waves] + ["holder"], 90, procs=[second], what="all groups")
