@@ -66,4 +66,11 @@ def device(text: str) -> str:
     return text
 
 
+def topic_prefix(text: str) -> str:
+    # the prefix becomes part of every topic name: Kafka's legal characters only
+    if not re.fullmatch(r"[A-Za-z0-9._-]{1,200}", text):
+        raise argparse.ArgumentTypeError(f"must be letters, digits, '.', '_' or '-', got {text!r}")
+    return text
+
+
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")

@@ -96,6 +96,7 @@ def test_every_subcommand_and_option_has_help_with_its_default():
     (["demo", "--fault-rate", "2"], "argument --fault-rate: must be in [0, 1]"),
     (["demo", "--device", "tpu"], "argument --device: must be cpu, cuda, cuda:N or auto"),
     (["demo", "--timeout", "0"], "argument --timeout: must be > 0"),
+    (["demo", "--topic-prefix", "a b"], "argument --topic-prefix: must be letters"),
     (["demo", "--groups", "many"], "argument --groups: invalid integer >= 1 value: 'many'"),
     (["topics", "create", "--partitions", "0"], "argument --partitions: must be >= 1, got 0"),
     (["topics", "create", "--partitions", "2", "--replication", "1"],

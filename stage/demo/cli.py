@@ -7,7 +7,15 @@ import json
 import logging
 import sys
 
-from stage.cli_args import LOG_LEVELS, at_least, device, fraction, non_negative_float, positive_float
+from stage.cli_args import (
+    LOG_LEVELS,
+    at_least,
+    device,
+    fraction,
+    non_negative_float,
+    positive_float,
+    topic_prefix,
+)
 from stage.cli_args import add_parser as add_subcommand
 
 # stage.workload.faults' names (ROLLOUT_FAULTS + GARBAGE; a test keeps them equal), spelled out so
@@ -51,7 +59,7 @@ def add_parser(commands) -> argparse.ArgumentParser:
                       help="seconds to wait for every group at the reader")
     demo.add_argument("--device", type=device, default="cpu",
                       help="torch device of the stage and reader: cpu, cuda, cuda:N or auto")
-    demo.add_argument("--topic-prefix", help="topic name prefix (default: demo-<random>)")
+    demo.add_argument("--topic-prefix", type=topic_prefix, help="topic name prefix (default: demo-<random>)")
     demo.add_argument("--produce-only", action="store_true",
                       help="only produce the workload (to the standard topic names, or --topic-prefix) "
                            "and exit: the input of a stage running elsewhere, e.g. docker compose's")
