@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 from pydantic import BaseModel, ValidationError
-from pydantic_settings import EnvSettingsSource
+from pydantic_settings import EnvSettingsSource, SettingsError
 
 ENV_PREFIX = "ROLLOUT_REASSEMBLER_"
 NESTING = "__"
@@ -69,10 +69,10 @@ def setting_variables(model: type[BaseModel], env: Mapping[str, str]) -> dict[st
         if not upper.startswith(ENV_PREFIX) or upper in NOT_SETTINGS or is_service_link(name, value):
             continue
         head, nested, tail = upper[len(ENV_PREFIX):].lower().partition(NESTING)
-        section = _is_section(model, head) if head in model.model_fields else None
         if head not in model.model_fields:
             raise ConfigError(f"{name} (environment): unknown setting {head!r}; settings: "
                               f"{', '.join(model.model_fields)}; not settings: {', '.join(sorted(NOT_SETTINGS))}")
+        section = _is_section(model, head)
         if nested and (section is None or not tail or (section is not dict and NESTING in tail)):
             raise ConfigError(f"{name} (environment): {head} is not a section with field {tail!r} "
                               f"(sections: {', '.join(f for f in model.model_fields if _is_section(model, f))})")
@@ -94,7 +94,13 @@ class _Environment(EnvSettingsSource):
 def from_environment(model: type[BaseModel], env: Mapping[str, str]) -> tuple[dict, dict]:
     """(values, origins): the settings the environment sets, and setting path -> variable."""
     paths = setting_variables(model, env)
-    values = _Environment(model, {name: env[name] for name in paths})()
+    try:
+        values = _Environment(model, {name: env[name] for name in paths})()
+    except SettingsError:   # a whole section that is not JSON
+        whole = [name for name, path in paths.items() if len(path) == 1 and _is_section(model, path[0])]
+        raise ConfigError(f"{', '.join(whole)} (environment): a whole section must be one JSON object, "
+                          f"e.g. '{{\"device\": \"cuda\"}}'; or set its fields one by one "
+                          f"({ENV_PREFIX}<SECTION>{NESTING}<FIELD>)") from None
     for name in (n for n, s in model.model_fields.items() if _is_section(model, n) is dict):
         if isinstance(values.get(name), dict):   # librdkafka properties: `_` in a variable is `.`
             values[name] = {key.replace("_", "."): value for key, value in values[name].items()}

@@ -140,6 +140,8 @@ def test_bad_configuration_is_a_clear_error(tmp_path, text, needle):
     ({"ROLLOUT_REASSEMBLER_FINALIZE__NOPE": "1"},
      r"finalize.nope \(environment ROLLOUT_REASSEMBLER_FINALIZE__NOPE\): unknown setting; known: router_replay"),
     ({"ROLLOUT_REASSEMBLER_GROUP_TIMEOUT_MS__X": "1"}, r"group_timeout_ms is not a section"),
+    ({"ROLLOUT_REASSEMBLER_FINALIZE": "cuda"},
+     r"ROLLOUT_REASSEMBLER_FINALIZE \(environment\): a whole section must be one JSON object"),
     ({"ROLLOUT_REASSEMBLER_FINALIZE__ROUTER_REPLAY": "maybe"},
      r"finalize.router_replay = 'maybe' \(environment ROLLOUT_REASSEMBLER_FINALIZE__ROUTER_REPLAY\): "
      r"Input should be a valid boolean"),
