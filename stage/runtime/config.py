@@ -20,7 +20,7 @@ from pydantic import Field, ValidationError, ValidationInfo, field_validator, mo
 
 from stage.config_types import ClientValue, ConfigModel, Int, conflict
 from stage.finalize import ReassemblyConfig
-from stage.runtime.config_sources import (  # noqa: F401  (ENV_PREFIX, NOT_SETTINGS: public names)
+from stage.runtime.config_sources import (
     ENV_PREFIX,
     NOT_SETTINGS,
     ConfigError,
@@ -30,6 +30,9 @@ from stage.runtime.config_sources import (  # noqa: F401  (ENV_PREFIX, NOT_SETTI
     merge,
 )
 from stage.wire import TopicNames
+
+__all__ = ["AT_LEAST_ONCE", "ENV_PREFIX", "EXACTLY_ONCE", "NOT_SETTINGS", "ConfigError", "StageConfig",
+           "load_config"]
 
 EXACTLY_ONCE, AT_LEAST_ONCE = "exactly_once", "at_least_once"
 # Kafka's default transaction.max.timeout.ms: init_transactions fails above the brokers' maximum.
