@@ -5,51 +5,97 @@ from __future__ import annotations
 import argparse
 import sys
 
+from stage.cli_args import LOG_LEVELS, Help, add_parser, at_least, device, positive_float
+from stage.runtime.topics import (
+    DEFAULT_MAX_MESSAGE_BYTES,
+    DEFAULT_MIN_INSYNC_REPLICAS,
+    DEFAULT_REPLICATION,
+)
+
+
+class _Parser(argparse.ArgumentParser):
+    """Also refuses combinations of arguments (subcommands' parsers are of this class too)."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        parsed, rest = super().parse_known_args(args, namespace)
+        if getattr(parsed, "min_insync_replicas", 0) > getattr(parsed, "replication", 1 << 30):
+            self.error(f"--min-insync-replicas ({parsed.min_insync_replicas}) must not exceed "
+                       f"--replication ({parsed.replication})")
+        return parsed, rest
+
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="rollout-reassembler",
-        description="Verify staged RL rollouts and publish canonical training rows.")
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser = _Parser(
+        prog="rollout-reassembler", formatter_class=Help,
+        description="Verify staged RL rollouts and publish canonical training rows. Exit status: 0 "
+                    "success, 1 failure (a check, a topic layout), 2 usage or configuration error.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     from stage.demo.cli import add_parser as add_demo_parser
     add_demo_parser(commands)
-    bench = commands.add_parser("bench", help="run a benchmark and print its figures")
-    which = bench.add_subparsers(dest="bench", required=True)
-    verify = which.add_parser("verify", help="verify_and_linearize throughput vs SHA-256 bound")
+    _add_runtime_parsers(commands)
+    _add_bench_parsers(commands)
+    return parser
+
+
+def _add_runtime_parsers(commands) -> None:
+    run = add_parser(commands, "run", "run the stage as a member of its Kafka consumer group")
+    _add_config_options(run)
+    run.add_argument("--log-level", default="INFO", type=str.upper, choices=LOG_LEVELS, help="log level")
+    topics = add_parser(commands, "topics", "create or check the stage's topics")
+    topics_cmd = topics.add_subparsers(dest="topics_command", required=True, metavar="ACTION")
+    create = add_parser(
+        topics_cmd, "create", "create missing topics (co-partitioned, ledger compacted); existing "
+        "topics must match the request, else exit 1",
+        description="Create the stage's missing topics with the same partition count, "
+                    "min.insync.replicas on every topic and a compacted ledger, then check the layout. "
+                    "Existing topics that differ (partitions, replication, configs) are reported and "
+                    "the exit status is 1. The defaults suit a production cluster (exactly-once "
+                    "needs 3 replicas and min ISR 2); a single development broker needs "
+                    "--replication 1 --min-insync-replicas 1.")
+    _add_config_options(create)
+    create.add_argument("--partitions", type=at_least(1), required=True,
+                        help="partitions of every topic (required): at least the peak replica count")
+    create.add_argument("--replication", type=at_least(1), default=DEFAULT_REPLICATION,
+                        help="replication factor of every topic")
+    create.add_argument("--min-insync-replicas", type=at_least(1), default=DEFAULT_MIN_INSYNC_REPLICAS,
+                        help="min.insync.replicas of every topic (at most --replication)")
+    create.add_argument("--max-message-bytes", type=at_least(1), default=DEFAULT_MAX_MESSAGE_BYTES,
+                        help="max.message.bytes of the data topics (above the stage's max_record_bytes)")
+    check = add_parser(topics_cmd, "check", "check that the topics exist and are co-partitioned")
+    _add_config_options(check)
+
+
+def _add_config_options(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("--config", metavar="PATH",
+                     help="YAML config file; environment variables override it (default: none, "
+                          "built-in defaults and the environment)")
+    sub.add_argument("--bootstrap-servers",
+                     help="overrides bootstrap_servers of the file and the environment (default: "
+                          "from the configuration)")
+
+
+def _add_bench_parsers(commands) -> None:
+    bench = add_parser(commands, "bench", "run a benchmark and print its figures")
+    which = bench.add_subparsers(dest="bench", required=True, metavar="BENCHMARK")
+    verify = add_parser(which, "verify", "verify_and_linearize throughput vs SHA-256 bound")
     verify.add_argument("--json", action="store_true", help="print the report as JSON")
-    verify.add_argument("--seconds", type=float, default=2.0,
-                        help="measuring time per case (default 2.0)")
-    e2e = which.add_parser("e2e", help="stage vs passthrough throughput and latency on one broker")
-    e2e.add_argument("--json", action="store_true")
+    verify.add_argument("--seconds", type=positive_float, default=2.0, help="measuring time per case")
+    e2e = add_parser(which, "e2e", "stage vs passthrough throughput and latency on one broker")
+    e2e.add_argument("--json", action="store_true", help="print the report as JSON")
     e2e.add_argument("--bootstrap-servers", help="default: start a local KRaft broker from the Kafka jars")
-    e2e.add_argument("--groups", type=int, default=300)
-    e2e.add_argument("--tokens", type=int, default=128, help="delta tokens per call")
-    e2e.add_argument("--layers", type=int, default=8, help="route layers (0 = no routes)")
-    e2e.add_argument("--latency-seconds", type=float, default=10.0)
-    run = commands.add_parser("run", help="run the stage as a member of its Kafka consumer group")
-    run.add_argument("--config", help="YAML config file (environment variables override it)")
-    run.add_argument("--bootstrap-servers", help="overrides bootstrap_servers")
-    run.add_argument("--log-level", default="INFO")
-    topics = commands.add_parser("topics", help="create or check the stage's topics")
-    topics_cmd = topics.add_subparsers(dest="topics_command", required=True)
-    for name, text in (("create", "create missing topics (co-partitioned, ledger compacted)"),
-                       ("check", "check that the topics exist and are co-partitioned")):
-        sub = topics_cmd.add_parser(name, help=text)
-        sub.add_argument("--config")
-        sub.add_argument("--bootstrap-servers")
-        if name == "create":
-            sub.add_argument("--partitions", type=int, required=True)
-            sub.add_argument("--replication", type=int, default=1)
-            sub.add_argument("--max-message-bytes", type=int, default=64 << 20)
-    finalize = which.add_parser("finalize", help="finalize_group time split (verify, routes, tensorize)")
+    e2e.add_argument("--groups", type=at_least(1), default=300, help="groups of 4 rollouts")
+    e2e.add_argument("--tokens", type=at_least(1), default=128, help="delta tokens per call")
+    e2e.add_argument("--layers", type=at_least(0), default=8, help="route layers (0 = no routes)")
+    e2e.add_argument("--latency-seconds", type=positive_float, default=10.0,
+                     help="length of the latency phase")
+    finalize = add_parser(which, "finalize", "finalize_group time split (verify, routes, tensorize)")
     finalize.add_argument("--json", action="store_true", help="print the report as JSON")
-    finalize.add_argument("--device", default="cpu", help="cpu, cuda or auto (default cpu)")
-    finalize.add_argument("--repeats", type=int, default=3)
+    finalize.add_argument("--device", type=device, default="cpu", help="cpu, cuda, cuda:N or auto")
+    finalize.add_argument("--repeats", type=at_least(1), default=3, help="runs per mode (the median is shown)")
     for flag, default, text in (("--rollouts", 8, "rollouts per group"), ("--calls", 32, "calls per rollout"),
                                 ("--tokens", 512, "delta tokens per call"), ("--layers", 48, "MoE layers L"),
                                 ("--topk", 8, "experts per token K")):
-        finalize.add_argument(flag, type=int, default=default, help=f"{text} (default {default})")
-    return parser
+        finalize.add_argument(flag, type=at_least(1), default=default, help=text)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -79,19 +125,16 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _load(args):
-    import dataclasses
-
     from stage.runtime.config import load_config
-    cfg = load_config(args.config)
-    if args.bootstrap_servers:
-        cfg = dataclasses.replace(cfg, bootstrap_servers=args.bootstrap_servers)
-    return cfg
+    overrides = {"bootstrap_servers": args.bootstrap_servers} if args.bootstrap_servers is not None else {}
+    return load_config(args.config, overrides=overrides)
 
 
 def _runtime_command(args) -> int:
     import logging
     import os
 
+    from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient
 
     from stage.runtime.logs import apply_rejection_log_level
@@ -102,20 +145,25 @@ def _runtime_command(args) -> int:
         apply_rejection_log_level(os.environ)
         cfg = _load(args)
     except (OSError, ValueError) as error:
+        from stage.runtime.exits import EXIT_CONFIG
         print(f"configuration error: {error}", file=sys.stderr)
-        return 2
+        return EXIT_CONFIG
     if args.command == "topics":
         admin = AdminClient({"bootstrap.servers": cfg.bootstrap_servers, **cfg.kafka})
         try:
             if args.topics_command == "create":
                 created = create_topics(admin, cfg, partitions=args.partitions,
                                         replication=args.replication,
+                                        min_insync_replicas=args.min_insync_replicas,
                                         max_message_bytes=args.max_message_bytes)
                 print("created: " + (", ".join(created) if created else "nothing (all exist)"))
             print(f"ok: {check_copartitioning(admin, cfg)} partitions per topic")
             return 0
         except TopologyError as error:
             print(f"topology error: {error}", file=sys.stderr)
+            return 1
+        except KafkaException as error:   # e.g. no broker answers, or it refuses a creation
+            print(f"kafka error: {error.args[0]}", file=sys.stderr)
             return 1
     from stage.runtime.exits import StageExit
     from stage.runtime.loop import StageRuntime

@@ -3,6 +3,9 @@
 import json
 import subprocess
 import sys
+import time
+
+import pytest
 
 from stage.cli import main
 
@@ -53,3 +56,74 @@ def test_unknown_command_is_a_usage_error(capsys):
         assert exit_.code == 2
     else:
         raise AssertionError("argparse accepted an unknown command")
+
+
+def _subparsers(parser):
+    import argparse
+    for action in parser._actions:   # argparse keeps subcommands in its _SubParsersAction
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                helps = {a.dest: a.help for a in action._choices_actions}
+                yield name, helps.get(name), sub
+                yield from _subparsers(sub)
+
+
+def test_every_subcommand_and_option_has_help_with_its_default():
+    from stage.cli import _parser
+    seen = 0
+    for name, help_text, sub in _subparsers(_parser()):
+        assert help_text, f"subcommand {name} has no help"
+        formatter = sub._get_formatter()
+        for action in sub._actions:
+            if not action.option_strings or action.dest == "help":
+                continue
+            seen += 1
+            text = formatter._get_help_string(action) % {"default": action.default}
+            assert action.help, f"{name} {action.option_strings[0]} has no help"
+            if action.nargs == 0 or action.required:   # flags are off by default; required has none
+                continue
+            assert "default" in text, f"{name} {action.option_strings[0]}: {text!r} does not state its default"
+            if action.default is not None and action.default != []:
+                assert str(action.default) in text, (name, action.option_strings, text)
+        sub.format_help()   # renders
+    assert seen > 40
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["demo", "--partitions", "0"], "argument --partitions: must be >= 1, got 0"),
+    (["demo", "--groups", "0"], "argument --groups: must be >= 1, got 0"),
+    (["demo", "--group-size", "-1"], "argument --group-size: must be >= 1"),
+    (["demo", "--fault-rate", "2"], "argument --fault-rate: must be in [0, 1]"),
+    (["demo", "--device", "tpu"], "argument --device: must be cpu, cuda, cuda:N or auto"),
+    (["demo", "--timeout", "0"], "argument --timeout: must be > 0"),
+    (["demo", "--topic-prefix", "a b"], "argument --topic-prefix: must be letters"),
+    (["demo", "--groups", "many"], "argument --groups: invalid integer >= 1 value: 'many'"),
+    (["topics", "create", "--partitions", "0"], "argument --partitions: must be >= 1, got 0"),
+    (["topics", "create", "--partitions", "2", "--replication", "1"],
+     "--min-insync-replicas (2) must not exceed --replication (1)"),
+    (["run", "--log-level", "chatty"], "argument --log-level: invalid choice: 'CHATTY'"),
+    (["bench", "finalize", "--device", "tpu"], "argument --device: must be cpu, cuda, cuda:N or auto"),
+])
+def test_bad_arguments_are_refused_at_once(argv, message, capsys):
+    started = time.monotonic()
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    assert message in capsys.readouterr().err
+    assert time.monotonic() - started < 5   # before any broker is started or contacted
+
+
+def test_configuration_errors_exit_3_naming_the_setting(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("ROLLOUT_REASSEMBLER_POLL_TIMEOUT_MS", "-1")
+    assert main(["topics", "check"]) == 3
+    assert "configuration error: poll_timeout_ms = '-1' (environment ROLLOUT_REASSEMBLER_POLL_TIMEOUT_MS)" \
+        in capsys.readouterr().err
+    monkeypatch.delenv("ROLLOUT_REASSEMBLER_POLL_TIMEOUT_MS")
+    assert main(["run", "--config", str(tmp_path / "missing.yaml")]) == 3
+    assert "No such file" in capsys.readouterr().err
+
+
+def test_topics_create_defaults_are_production_safe():
+    from stage.cli import _parser
+    args = _parser().parse_args(["topics", "create", "--partitions", "12"])
+    assert (args.replication, args.min_insync_replicas) == (3, 2)

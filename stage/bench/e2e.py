@@ -138,7 +138,6 @@ class StageProcess:
     GIL with the feeder and the reader that do the measuring."""
 
     def __init__(self, cfg: StageConfig) -> None:
-        import dataclasses
         import os
         import subprocess
         import sys
@@ -148,8 +147,8 @@ class StageProcess:
 
         from stage.kraft import free_port
         self.port = free_port()
-        cfg = dataclasses.replace(cfg, metrics_port=self.port)
-        values = dataclasses.asdict(cfg)
+        cfg = cfg.replace(metrics_port=self.port)
+        values = cfg.model_dump()
         self.dir = tempfile.mkdtemp(prefix="bench-stage-")
         config = os.path.join(self.dir, "stage.yaml")
         with open(config, "w") as f:
@@ -292,7 +291,8 @@ def _run(bootstrap, groups, n, calls, tokens, layers, topk, partitions, latency_
     sets = {name: _topics(f"{tag}-{name}") for name in ("passthrough", "stage", "latency")}
     for topics in sets.values():
         cfg = _config(bootstrap, topics)
-        create_topics(admin, cfg, partitions=partitions)  # returns once every partition has a leader
+        # one local broker: one replica; returns once every partition has a leader
+        create_topics(admin, cfg, partitions=partitions, replication=1, min_insync_replicas=1)
     inputs = build_inputs(groups, n, calls, tokens, layers, topk)
     records = sum(len(r) for _, r in inputs)
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "message.max.bytes": 64 << 20,

@@ -7,6 +7,17 @@ import json
 import logging
 import sys
 
+from stage.cli_args import (
+    LOG_LEVELS,
+    at_least,
+    device,
+    fraction,
+    non_negative_float,
+    positive_float,
+    topic_prefix,
+)
+from stage.cli_args import add_parser as add_subcommand
+
 # stage.workload.faults' names (ROLLOUT_FAULTS + GARBAGE; a test keeps them equal), spelled out so
 # that building the parser imports nothing heavy (`rollout-reassembler --help` stays instant).
 FAULT_NAMES = ("tampered_tokens", "tampered_digest", "poisoned_receipt", "missing_receipt",
@@ -14,46 +25,48 @@ FAULT_NAMES = ("tampered_tokens", "tampered_digest", "poisoned_receipt", "missin
 
 
 def add_parser(commands) -> argparse.ArgumentParser:
-    demo = commands.add_parser(
-        "demo", help="run the whole system on a synthetic workload and check every output",
+    demo = add_subcommand(
+        commands, "demo", "run the whole system on a synthetic workload and check every output",
         description="Start the embedded Tansu broker (or use --bootstrap-servers), create the topics, "
                     "stage a seeded synthetic agentic workload with injected faults through the producer "
                     "SDK, run the stage, read the rows back with the trainer-side reader and check them "
-                    "against an independent recomputation. Exit status 0 only if every check passes.")
+                    "against an independent recomputation. Exit status 0 only if every check passes, "
+                    "1 if one fails, 2 for a bad argument.")
     demo.add_argument("--bootstrap-servers", help="any Kafka (default: start the embedded Tansu broker)")
-    demo.add_argument("--groups", type=int, default=64, help="prompt groups (default 64)")
-    demo.add_argument("--group-size", type=int, default=4, help="rollouts per group, N (default 4)")
-    demo.add_argument("--seed", type=int, default=0, help="workload seed: same seed, same run (default 0)")
-    demo.add_argument("--partitions", type=int, default=2, help="partitions per topic (default 2)")
+    demo.add_argument("--groups", type=at_least(1), default=64, help="prompt groups")
+    demo.add_argument("--group-size", type=at_least(1), default=4, help="rollouts per group, N")
+    demo.add_argument("--seed", type=int, default=0, help="workload seed: same seed, same run")
+    demo.add_argument("--partitions", type=at_least(1), default=2, help="partitions per topic")
     demo.add_argument("--routes", choices=("direct", "deferred", "off"), default="direct",
                       help="router replay: routes in the rows (direct), plans + fetch by Kafka "
-                           "coordinates (deferred), or none (default direct)")
-    demo.add_argument("--layers", type=int, default=4, help="MoE layers L (default 4)")
-    demo.add_argument("--experts-per-token", type=int, default=2, help="MoE top-k K (default 2)")
-    demo.add_argument("--media-rate", type=float, default=0.1,
-                      help="share of rollouts whose prompt carries an image (default 0.1)")
-    demo.add_argument("--sampler-topk", type=int, default=0,
-                      help="sampler top-k log-prob columns per generated token (default 0: none)")
-    demo.add_argument("--fault-rate", type=float, default=0.03,
+                           "coordinates (deferred), or none (off)")
+    demo.add_argument("--layers", type=at_least(0), default=4, help="MoE layers L (0: no routes; needs --routes off)")
+    demo.add_argument("--experts-per-token", type=at_least(1), default=2, help="MoE top-k K")
+    demo.add_argument("--media-rate", type=fraction, default=0.1,
+                      help="share of rollouts whose prompt carries an image")
+    demo.add_argument("--sampler-topk", type=at_least(0), default=0,
+                      help="sampler top-k log-prob columns per generated token (0: none)")
+    demo.add_argument("--fault-rate", type=fraction, default=0.03,
                       help="rate of every fault: per rollout for each rollout fault, per group for "
-                           "garbage (default 0.03)")
+                           "garbage")
     demo.add_argument("--fault", action="append", default=[], metavar="NAME=RATE",
-                      help=f"override one fault's rate; NAME in {', '.join(FAULT_NAMES)}")
-    demo.add_argument("--group-timeout-ms", type=int, default=3000,
-                      help="the stage's group deadline (default 3000)")
-    demo.add_argument("--rate", type=float, default=0.0,
-                      help="groups per second offered (default 0: as fast as the producer goes)")
-    demo.add_argument("--timeout", type=float, default=300.0,
-                      help="seconds to wait for every group at the reader (default 300)")
-    demo.add_argument("--device", default="cpu", help="torch device of the stage and reader (default cpu)")
-    demo.add_argument("--topic-prefix", help="topic name prefix (default: demo-<random>)")
+                      help=f"override one fault's rate; NAME in {', '.join(FAULT_NAMES)} "
+                           "(default: none, every fault at --fault-rate)")
+    demo.add_argument("--group-timeout-ms", type=at_least(1), default=3000, help="the stage's group deadline")
+    demo.add_argument("--rate", type=non_negative_float, default=0.0,
+                      help="groups per second offered (0: as fast as the producer goes)")
+    demo.add_argument("--timeout", type=positive_float, default=300.0,
+                      help="seconds to wait for every group at the reader")
+    demo.add_argument("--device", type=device, default="cpu",
+                      help="torch device of the stage and reader: cpu, cuda, cuda:N or auto")
+    demo.add_argument("--topic-prefix", type=topic_prefix, help="topic name prefix (default: demo-<random>)")
     demo.add_argument("--produce-only", action="store_true",
                       help="only produce the workload (to the standard topic names, or --topic-prefix) "
                            "and exit: the input of a stage running elsewhere, e.g. docker compose's")
-    demo.add_argument("--json-report", metavar="PATH", help="also write the report as JSON")
+    demo.add_argument("--json-report", metavar="PATH", help="also write the report as JSON (default: none)")
     demo.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
-    demo.add_argument("--log-level", default="ERROR",
-                      help="log level of the stage and clients (default ERROR: the injected faults "
+    demo.add_argument("--log-level", default="ERROR", type=str.upper, choices=LOG_LEVELS,
+                      help="log level of the stage and clients (ERROR by default: the injected faults "
                            "make the stage log warnings by design)")
     return demo
 

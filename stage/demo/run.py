@@ -271,7 +271,9 @@ class Demo:
         topics = TopicNames(**{k: f"{prefix}.{v}" for k, v in TopicNames().all().items()})
         cfg = stage_config(opts, bootstrap, topics, prefix, self.client)
         bar.update(phase="creating topics", force=True)
-        create_topics(AdminClient({"bootstrap.servers": bootstrap}), cfg, partitions=opts.partitions)
+        # the demo's broker is a development one (often a single node): one replica per partition
+        create_topics(AdminClient({"bootstrap.servers": bootstrap}), cfg, partitions=opts.partitions,
+                      replication=1, min_insync_replicas=1)
         deferred = opts.route_mode == "deferred"
         stage = reader = fetcher = producer = None
         try:

@@ -2,33 +2,50 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import Annotated, Literal
 
+from pydantic import BeforeValidator, Field, model_validator
+
+from stage.config_types import ConfigModel, Device, Int, IntChoice, bounded_int, conflict
 from stage.routes import ROUTE_PLAN_SCHEMA_VERSION
 
+# stage.wire.STAGED_CALLS_TOPIC (not imported: finalize stays free of the wire layer)
+DEFAULT_STAGING_PARTITION = "rollouts.staged-calls"
 
-@dataclass(frozen=True)
-class ReassemblyConfig:
-    router_replay: bool = False        # build route plans (R3)
-    defer_routes: bool = False         # deferred: publish plans; direct: execute them here
-    top_logprobs: int = 0              # sampler top-k width; 0 = no top-k columns
-    capture_media: bool = False        # VLM media columns
-    media_patch_size: int = 14
-    staging_partition: str = "rollouts.staged-calls"
-    pad_token_id: int = 0
-    max_seq_len: int | None = None     # `truncated` is exact equality with this length
-    device: str = "cpu"                # "cpu", "cuda", "cuda:N" or "auto"
-    route_plan_schema_version: int = ROUTE_PLAN_SCHEMA_VERSION
 
-    def __post_init__(self) -> None:
+def _none_text(value):
+    """Environment text for "no limit": empty, none or null."""
+    return None if isinstance(value, str) and value.strip().lower() in ("", "none", "null") else value
+
+
+class ReassemblyConfig(ConfigModel):
+    router_replay: bool = Field(False, description="build route plans")
+    defer_routes: bool = Field(
+        False, description="deferred mode: publish a RoutePlan per row (fragments stay in the staged-calls "
+                           "topic); false = direct mode: execute plans here and publish `routed_experts`")
+    top_logprobs: Int = Field(0, ge=0, description="sampler top-k width (staged rows must carry top-k "
+                                                    "columns when > 0)")
+    capture_media: bool = Field(False, description="VLM media columns")
+    media_patch_size: Int = Field(14, ge=1, description="patch size P of staged media")
+    staging_partition: str = Field(
+        DEFAULT_STAGING_PARTITION, min_length=1,
+        description="the name route plans carry as their staging partition; in the stage's "
+                    "configuration it defaults to `topics.staged_calls`")
+    pad_token_id: Int = Field(0, ge=0, description="placeholder and padding token")
+    max_seq_len: Annotated[bounded_int(ge=1) | None, BeforeValidator(_none_text)] = Field(
+        None, description="`truncated` is exact equality with this length (null: no limit)")
+    device: Device = Field("cpu", description="torch device for row tensors and route execution: "
+                                              "`cpu`, `cuda`, `cuda:N`, `auto` (CUDA when present)")
+    route_plan_schema_version: Annotated[Literal[2, 3], IntChoice] = Field(
+        ROUTE_PLAN_SCHEMA_VERSION, description="2 for consumers that only read legacy plans")
+
+    @model_validator(mode="after")
+    def _deferred_needs_replay(self) -> ReassemblyConfig:
         if self.defer_routes and not self.router_replay:
-            raise ValueError("defer_routed_experts_to_policy requires router replay to be enabled")
-        if type(self.top_logprobs) is not int or self.top_logprobs < 0:
-            raise ValueError(f"top_logprobs must be a non-negative int, got {self.top_logprobs!r}")
-        if self.max_seq_len is not None and self.max_seq_len <= 0:
-            raise ValueError(f"max_seq_len must be positive, got {self.max_seq_len}")
-        if self.media_patch_size <= 0:
-            raise ValueError(f"media_patch_size must be positive, got {self.media_patch_size}")
+            # NeMo RL's message for the same rule
+            raise conflict("defer_routed_experts_to_policy requires router replay to be enabled "
+                           "(set router_replay: true, or defer_routes: false)", "defer_routes", "router_replay")
+        return self
 
     @property
     def direct_routes(self) -> bool:

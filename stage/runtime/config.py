@@ -1,169 +1,160 @@
 """Stage configuration: defaults, then a YAML file, then environment variables.
 
-Environment rules (documented in docs/configuration.md):
-- ``ROLLOUT_REASSEMBLER_<FIELD>`` sets a top-level field (``ROLLOUT_REASSEMBLER_GROUP_TIMEOUT_MS=30000``);
-  nested sections use ``__`` (``ROLLOUT_REASSEMBLER_FINALIZE__DEVICE=cuda``,
-  ``ROLLOUT_REASSEMBLER_TOPICS__RECEIPTS=my.receipts``).
-- ``ROLLOUT_REASSEMBLER_KAFKA__<PROPERTY>`` passes a confluent-kafka/librdkafka property to every
-  client, ``_`` read as ``.`` (``ROLLOUT_REASSEMBLER_KAFKA__SASL_MECHANISM=PLAIN`` ->
-  ``sasl.mechanism``); ``..._CONSUMER__...`` and ``..._PRODUCER__...`` for one client kind.
-- ``KAFKA_BOOTSTRAP_SERVERS`` (the common convention) sets ``bootstrap_servers``; no other
-  ``KAFKA_*`` variable is read (tools such as Kafka's own scripts use that namespace).
-Unknown keys are errors: a typo must not silently fall back to a default.
+``StageConfig`` is a pydantic model: each field carries its type, bounds and meaning, and the
+rules between fields are checked at load time, so a value that would make the stage hang or
+misbehave is refused with the setting's name and source. docs/configuration.md and the Helm
+chart's values schema are generated from it (``python -m stage.runtime.config_schema``).
+Environment rules (stage/runtime/config_sources.py, documented in docs/configuration.md):
+``ROLLOUT_REASSEMBLER_<FIELD>``, ``..._<SECTION>__<FIELD>``, ``..._KAFKA__<PROPERTY>`` (``_`` read
+as ``.``), ``KAFKA_BOOTSTRAP_SERVERS``; unknown names are errors; service links are ignored.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import socket
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Literal
 
-import yaml
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
+from stage.config_types import ClientValue, ConfigModel, Int, conflict
 from stage.finalize import ReassemblyConfig
+from stage.runtime.config_sources import (
+    ENV_PREFIX,
+    NOT_SETTINGS,
+    ConfigError,
+    explain,
+    from_environment,
+    from_file,
+    merge,
+)
 from stage.wire import TopicNames
 
-ENV_PREFIX = "ROLLOUT_REASSEMBLER_"
-# Variables in our namespace that are not settings (read by the modules named).
-NOT_SETTINGS = frozenset({
-    "ROLLOUT_REASSEMBLER_FAULT",           # stage.runtime.faults (crash injection in tests)
-    "ROLLOUT_REASSEMBLER_MALLOC_TUNING",   # stage.tuning
-    "ROLLOUT_REASSEMBLER_SCHEMAS_DIR",     # stage.wire.schemas
-    "ROLLOUT_REASSEMBLER_KAFKA_JARS",      # stage.kraft
-    "ROLLOUT_REASSEMBLER_REJECTION_LOG_LEVEL",  # stage.runtime.logs (per-rejection log level)
-})
+__all__ = ["AT_LEAST_ONCE", "ENV_PREFIX", "EXACTLY_ONCE", "NOT_SETTINGS", "ConfigError", "StageConfig",
+           "load_config"]
+
 EXACTLY_ONCE, AT_LEAST_ONCE = "exactly_once", "at_least_once"
+# Kafka's default transaction.max.timeout.ms: init_transactions fails above the brokers' maximum.
+KAFKA_MAX_TRANSACTION_TIMEOUT_MS = 900_000
+# librdkafka's message.max.bytes maximum; the producer's limit is max_record_bytes + 1 MiB.
+MAX_RECORD_BYTES = 1_000_000_000 - (1 << 20)
+ClientProperties = dict[str, ClientValue]
 
 
-@dataclass(frozen=True)
-class StageConfig:
-    bootstrap_servers: str = "127.0.0.1:9092"
-    group_id: str = "rollout-reassembler"
-    # Stable across restarts of the same replica (StatefulSet pod name) so a restarted
-    # instance fences its previous incarnation by id as well as by group generation (KIP-447).
-    transactional_id: str = ""
-    processing: str = EXACTLY_ONCE
-    topics: TopicNames = field(default_factory=TopicNames)
-    framing: str = "plain"                    # plain | confluent (Schema Registry)
-    schema_registry_url: str = ""
-    group_timeout_ms: int = 60_000            # deadline: first record timestamp + this
-    late_retention_ms: int = 600_000          # remember published groups this long for late records
-    max_inflight_groups: int = 64             # finalizations running or waiting to publish
-    finalize_workers: int = 1                 # CPU-bound Python: more threads only contend for the GIL
-    max_buffered_bytes: int = 2 << 30
-    max_buffered_groups: int = 20_000
-    resume_fraction: float = 0.8              # resume paused partitions below this share of a cap
-    max_record_bytes: int = 64 << 20          # larger input records are dead-lettered undecoded
-    publish_batch_groups: int = 64            # groups per transaction at most
-    publish_linger_ms: int = 20               # wait this long to batch more groups per transaction
-    transaction_timeout_ms: int = 120_000
-    max_poll_interval_ms: int = 600_000
-    revoke_budget_ms: int = 10_000            # on revoke, wait this long for in-flight groups
-    # Deadlines of a partition whose input partition is unavailable (leader failing over, fetch
-    # errors) wait for it; after this long past the deadline they fire anyway (placeholders).
-    deadline_hold_max_ms: int = 300_000
-    poll_timeout_ms: int = 50
-    metrics_port: int = 0                     # /metrics, /healthz, /readyz; 0 = no HTTP server
-    statistics_interval_ms: int = 5000        # librdkafka statistics (consumer lag); 0 = off
-    finalize: ReassemblyConfig = field(default_factory=ReassemblyConfig)
-    kafka: dict = field(default_factory=dict)     # passed to every client
-    consumer: dict = field(default_factory=dict)  # consumer-only properties
-    producer: dict = field(default_factory=dict)  # producer-only properties
+class StageConfig(ConfigModel):
+    bootstrap_servers: str = Field("127.0.0.1:9092", min_length=1, description="Kafka bootstrap list")
+    group_id: str = Field("rollout-reassembler", min_length=1, description="consumer group of all replicas")
+    transactional_id: str = Field(
+        "", description="empty: `<group_id>-<hostname>`. Must be stable per replica (StatefulSet pod "
+                        "name) so a restart fences its previous incarnation (KIP-447)")
+    processing: Literal["exactly_once", "at_least_once"] = Field(
+        EXACTLY_ONCE, description="`at_least_once`: deliver, then commit (duplicates possible after a "
+                                  "crash between the two)")
+    topics: TopicNames = Field(default_factory=TopicNames, description="topic names")
+    framing: Literal["plain", "confluent"] = Field(
+        "plain", description="`confluent` = Schema Registry framing (magic byte + schema id); needs "
+                             "`schema_registry_url`")
+    schema_registry_url: str = Field("", description="Schema Registry URL (`framing: confluent`)")
+    group_timeout_ms: Int = Field(60_000, ge=1, description="a group's deadline = its first record's "
+                                                             "Kafka timestamp + this")
+    late_retention_ms: Int = Field(600_000, ge=0, description="how long published groups are remembered "
+                                                               "so late records are skipped")
+    max_inflight_groups: Int = Field(64, ge=1, description="groups finalizing or waiting for a transaction")
+    finalize_workers: Int = Field(
+        1, ge=1, description="finalization threads (off the poll thread). Finalization is CPU-bound "
+                             "Python: measured, 2 threads finalize a group 1.5x slower than 1 (GIL "
+                             "contention); more help only where work releases the GIL (CUDA)")
+    max_buffered_bytes: Int = Field(
+        2 << 30, ge=1, description="back-pressure cap on buffered input: partitions pause at a cap while "
+                                   "groups are being finalized or published, and resume below "
+                                   "`resume_fraction` of it. When every buffered group waits for unread "
+                                   "input the stage keeps reading (pausing would deadlock it); deadlines "
+                                   "bound that growth")
+    max_buffered_groups: Int = Field(20_000, ge=1, description="back-pressure cap on open groups (as "
+                                                               "`max_buffered_bytes`)")
+    resume_fraction: float = Field(
+        0.8, gt=0, lt=1, description="paused partitions resume below this share of a cap")
+    max_record_bytes: Int = Field(64 << 20, ge=1, le=MAX_RECORD_BYTES,
+                                  description="larger input records are dead-lettered undecoded; fetch "
+                                              "and producer limits follow it")
+    publish_batch_groups: Int = Field(64, ge=1, description="groups per transaction at most")
+    publish_linger_ms: Int = Field(20, ge=0, description="wait this long for more finished groups "
+                                                          "before a transaction")
+    transaction_timeout_ms: Int = Field(
+        120_000, ge=1000, le=KAFKA_MAX_TRANSACTION_TIMEOUT_MS,
+        description="producer `transaction.timeout.ms`; at most the brokers' "
+                    "`transaction.max.timeout.ms` (Kafka's default 900000)")
+    max_poll_interval_ms: Int = Field(
+        600_000, ge=1, le=86_400_000, description="consumer `max.poll.interval.ms`; must exceed "
+                                                  "`revoke_budget_ms + transaction_timeout_ms`")
+    revoke_budget_ms: Int = Field(10_000, ge=0, description="on revoke and shutdown, wait this long for "
+                                                             "in-flight groups before handing partitions over")
+    deadline_hold_max_ms: Int = Field(
+        300_000, ge=1, description="deadlines of a partition whose input partition does not answer (leader "
+                                   "failover, broker down) wait for it; this long past a deadline it fires "
+                                   "anyway (`deadlines_forced_total`, placeholders for what did not arrive)")
+    poll_timeout_ms: Int = Field(
+        50, ge=1, le=1000, description="consumer poll timeout: bounds how late a deadline or SIGTERM is "
+                                       "seen with no traffic")
+    metrics_port: Int = Field(0, ge=0, le=65535, description="HTTP port for /metrics, /healthz, /readyz "
+                                                              "(0 = no server)")
+    statistics_interval_ms: Int = Field(
+        5000, ge=0, le=86_400_000, description="librdkafka statistics interval (per-partition consumer "
+                                               "lag on /metrics); 0 = off")
+    finalize: ReassemblyConfig = Field(default_factory=ReassemblyConfig, validate_default=True,
+                                       description="finalization settings")
+    kafka: ClientProperties = Field(default_factory=dict, description="librdkafka properties of every client")
+    consumer: ClientProperties = Field(default_factory=dict, description="consumer-only librdkafka properties")
+    producer: ClientProperties = Field(default_factory=dict, description="producer-only librdkafka properties")
 
-    def __post_init__(self) -> None:
-        if self.processing not in (EXACTLY_ONCE, AT_LEAST_ONCE):
-            raise ValueError(f"processing must be {EXACTLY_ONCE!r} or {AT_LEAST_ONCE!r}, got {self.processing!r}")
-        if self.framing not in ("plain", "confluent"):
-            raise ValueError(f"framing must be 'plain' or 'confluent', got {self.framing!r}")
+    @field_validator("finalize")
+    @classmethod
+    def _staging_partition_follows_topics(cls, finalize: ReassemblyConfig, info: ValidationInfo):
+        """Route plans name the staged-calls topic unless told otherwise. The derived value is
+        left out of the fields set, so a copy with other topics derives it again."""
+        topics = info.data.get("topics")
+        if topics is None or "staging_partition" in finalize.model_fields_set:
+            return finalize
+        return ReassemblyConfig.model_construct(
+            _fields_set=set(finalize.model_fields_set),
+            **{**dict(finalize), "staging_partition": topics.staged_calls})
+
+    @model_validator(mode="after")
+    def _rules_between_fields(self) -> StageConfig:
         if self.framing == "confluent" and not self.schema_registry_url:
-            raise ValueError("framing 'confluent' needs schema_registry_url")
-        for name in ("group_timeout_ms", "max_inflight_groups", "finalize_workers", "max_buffered_bytes",
-                     "max_buffered_groups", "max_record_bytes", "publish_batch_groups",
-                     "transaction_timeout_ms", "max_poll_interval_ms", "deadline_hold_max_ms"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if not 0 < self.resume_fraction < 1:
-            raise ValueError(f"resume_fraction must be in (0, 1), got {self.resume_fraction}")
+            raise conflict("framing 'confluent' needs schema_registry_url", "framing", "schema_registry_url")
+        needed = self.revoke_budget_ms + self.transaction_timeout_ms
+        if self.max_poll_interval_ms <= needed:
+            # a revoke runs inside poll(): it waits revoke_budget_ms for in-flight groups, then
+            # commits a transaction; past max.poll.interval.ms the member is expelled mid-revoke
+            raise conflict(
+                f"max_poll_interval_ms ({self.max_poll_interval_ms}) must exceed revoke_budget_ms + "
+                f"transaction_timeout_ms ({needed}): raise max_poll_interval_ms or lower the others",
+                "max_poll_interval_ms", "revoke_budget_ms", "transaction_timeout_ms")
+        return self
 
     @property
     def effective_transactional_id(self) -> str:
         return self.transactional_id or f"{self.group_id}-{socket.gethostname()}"
 
-
-_SECTIONS = {"topics": TopicNames, "finalize": ReassemblyConfig}
-_DICTS = ("kafka", "consumer", "producer")
-
-
-def _coerce(value: str, target: Any):
-    """Environment strings -> the type of the field's default."""
-    if isinstance(target, bool):
-        if value.lower() in ("1", "true", "yes", "on"):
-            return True
-        if value.lower() in ("0", "false", "no", "off"):
-            return False
-        raise ValueError(f"expected a boolean, got {value!r}")
-    if isinstance(target, int):
-        return int(value)
-    if isinstance(target, float):
-        return float(value)
-    if target is None:
-        return None if value.lower() in ("", "none", "null") else _number_or_text(value)
-    return value
+    def replace(self, **changes) -> StageConfig:
+        """A validated copy with ``changes`` (``model_copy(update=...)`` would skip validation).
+        Only the fields set explicitly are carried over, so derived values (the staging
+        partition) follow the changes."""
+        return StageConfig(**{**{name: getattr(self, name) for name in self.model_fields_set}, **changes})
 
 
-def _number_or_text(value: str):
+def load_config(path: str | Path | None = None, env: dict | None = None, *,
+                overrides: dict | None = None) -> StageConfig:
+    """Defaults < the YAML file at ``path`` < ``env`` (default: os.environ) < ``overrides`` (the
+    command line's). Raises ConfigError (a ValueError) naming each bad setting, where it came
+    from and what is allowed."""
+    file_values, origins = from_file(path)
+    env_values, env_origins = from_environment(StageConfig, os.environ if env is None else env)
+    origins.update(env_origins)
+    origins.update({(name,): "command line" for name in overrides or {}})
     try:
-        return int(value)
-    except ValueError:
-        return value
-
-
-def _build(cls, values: dict, where: str):
-    names = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(values) - set(names))
-    if unknown:
-        raise ValueError(f"unknown {where} setting(s): {', '.join(unknown)}; known: {', '.join(sorted(names))}")
-    return cls(**values)
-
-
-def load_config(path: str | Path | None = None, env: dict | None = None) -> StageConfig:
-    env = os.environ if env is None else env
-    raw: dict = {}
-    if path:
-        loaded = yaml.safe_load(Path(path).read_text()) or {}
-        if not isinstance(loaded, dict):
-            raise ValueError(f"{path}: the top level must be a mapping")
-        raw = loaded
-    raw = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
-    defaults = StageConfig()
-    for key, value in env.items():
-        if key in NOT_SETTINGS:
-            continue
-        if key.startswith(ENV_PREFIX):
-            name = key[len(ENV_PREFIX):].lower()
-            section, _, sub = name.partition("__")
-            if sub and section in _SECTIONS:
-                default_obj = getattr(defaults, section)
-                if sub not in {f.name for f in dataclasses.fields(default_obj)}:
-                    raise ValueError(f"unknown setting {key}")
-                raw.setdefault(section, {})[sub] = _coerce(value, getattr(default_obj, sub))
-            elif sub and section in _DICTS:
-                raw.setdefault(section, {})[sub.replace("_", ".")] = value
-            elif hasattr(defaults, name) and name not in _SECTIONS and name not in _DICTS:
-                raw[name] = _coerce(value, getattr(defaults, name))
-            else:
-                raise ValueError(f"unknown setting {key}")
-        elif key == "KAFKA_BOOTSTRAP_SERVERS":
-            raw["bootstrap_servers"] = value
-    for section, cls in _SECTIONS.items():
-        if section in raw:
-            if not isinstance(raw[section], dict):
-                raise ValueError(f"{section} must be a mapping")
-            raw[section] = _build(cls, raw[section], section)
-    for section in _DICTS:
-        if section in raw and not isinstance(raw[section], dict):
-            raise ValueError(f"{section} must be a mapping of client properties")
-    return _build(StageConfig, raw, "stage")
+        return StageConfig.model_validate(merge(merge(file_values, env_values), overrides or {}))
+    except ValidationError as error:
+        raise explain(error, StageConfig, origins) from None

@@ -4,11 +4,13 @@ group's receipts, staged calls, outputs and ledger entry share one partition num
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from confluent_kafka import TopicCollection
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
-from stage.runtime.config import StageConfig
+if TYPE_CHECKING:   # the CLI reads this module's defaults while building its parser: keep it light
+    from stage.runtime.config import StageConfig
 
 # Topics whose partition counts must all be equal (the dead-letter topic is exempt).
 COPARTITIONED = ("receipts", "staged_calls", "canonical_rows", "route_plans", "finalized_groups",
@@ -47,27 +49,70 @@ def check_copartitioning(admin: AdminClient, cfg: StageConfig) -> int:
     return distinct.pop()
 
 
-def topic_specs(cfg: StageConfig, partitions: int, replication: int, max_message_bytes: int) -> list[NewTopic]:
-    big = {"max.message.bytes": str(max_message_bytes)}
+# Exactly-once needs every committed write on more than one broker: acks=all waits for
+# min.insync.replicas copies, and a topic with replication 3 keeps accepting writes with one
+# broker down. A single development broker needs --replication 1 --min-insync-replicas 1.
+DEFAULT_REPLICATION = 3
+DEFAULT_MIN_INSYNC_REPLICAS = 2
+DEFAULT_MAX_MESSAGE_BYTES = 64 << 20
+
+
+def topic_specs(cfg: StageConfig, partitions: int, replication: int, max_message_bytes: int,
+                min_insync_replicas: int) -> list[NewTopic]:
+    common = {"min.insync.replicas": str(min_insync_replicas)}
+    big = {**common, "max.message.bytes": str(max_message_bytes)}
     specs = [NewTopic(getattr(cfg.topics, role), partitions, replication,
-                      config=({"cleanup.policy": "compact"} if role == "stage_ledger" else dict(big)))
+                      config=({**common, "cleanup.policy": "compact"} if role == "stage_ledger" else dict(big)))
              for role in COPARTITIONED]
     specs.append(NewTopic(cfg.topics.dead_letter, partitions, replication, config=dict(big)))
     return specs
 
 
-def create_topics(admin: AdminClient, cfg: StageConfig, *, partitions: int, replication: int = 1,
-                  max_message_bytes: int = 64 << 20, timeout: float = 30.0) -> list[str]:
-    """Create whatever is missing; returns the names created. Existing topics are left alone."""
+def create_topics(admin: AdminClient, cfg: StageConfig, *, partitions: int,
+                  replication: int = DEFAULT_REPLICATION,
+                  min_insync_replicas: int = DEFAULT_MIN_INSYNC_REPLICAS,
+                  max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, timeout: float = 30.0) -> list[str]:
+    """Create whatever is missing; returns the names created. Topics that exist already must be
+    what would be created (partitions, replication factor, the configs set here): otherwise
+    TopologyError names every difference and nothing is created."""
+    if partitions < 1 or not 1 <= min_insync_replicas <= replication:
+        raise ValueError(f"need partitions >= 1 and 1 <= min_insync_replicas <= replication, got "
+                         f"{partitions}, {min_insync_replicas}, {replication}")
+    specs = topic_specs(cfg, partitions, replication, max_message_bytes, min_insync_replicas)
     existing = admin.list_topics(timeout=timeout).topics
-    specs = [s for s in topic_specs(cfg, partitions, replication, max_message_bytes)
-             if s.topic not in existing]
+    differences = _differences(admin, [s for s in specs if s.topic in existing], existing, timeout)
+    if differences:
+        raise TopologyError("existing topics differ from what was asked: " + "; ".join(differences)
+                            + ". Ask for what they have, or alter them (adding partitions remaps "
+                              "group_id keys: drain the topics first)")
+    specs = [s for s in specs if s.topic not in existing]
     if not specs:
         return []
     for future in admin.create_topics(specs, operation_timeout=timeout).values():
         future.result()
     _wait_visible(admin, [s.topic for s in specs], partitions, timeout)
     return [s.topic for s in specs]
+
+
+def _differences(admin: AdminClient, specs: list[NewTopic], metadata: dict, timeout: float) -> list[str]:
+    out = []
+    for spec in specs:
+        topic = metadata[spec.topic]
+        replicas = {len(p.replicas) for p in topic.partitions.values()}
+        if len(topic.partitions) != spec.num_partitions:
+            out.append(f"{spec.topic} has {len(topic.partitions)} partitions, asked {spec.num_partitions}")
+        if replicas != {spec.replication_factor}:
+            out.append(f"{spec.topic} has replication factor {'/'.join(map(str, sorted(replicas)))}, "
+                       f"asked {spec.replication_factor}")
+    resources = {s.topic: ConfigResource(ConfigResource.Type.TOPIC, s.topic) for s in specs}
+    futures = admin.describe_configs(list(resources.values()), request_timeout=timeout) if resources else {}
+    for spec in specs:
+        have = futures[resources[spec.topic]].result(timeout=timeout)
+        for key, want in sorted(spec.config.items()):
+            value = have[key].value if key in have else None
+            if value != want:
+                out.append(f"{spec.topic} has {key}={value}, asked {want}")
+    return out
 
 
 def _wait_visible(admin: AdminClient, names: list[str], partitions: int, timeout: float) -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from pydantic import Field, model_validator
+
+from stage.config_types import ConfigModel, TopicName
 
 RECEIPTS_TOPIC = "rollouts.receipts"
 STAGED_CALLS_TOPIC = "rollouts.staged-calls"
@@ -24,20 +26,30 @@ TOPIC_RECORDS: dict[str, str | None] = {
 }
 
 
-@dataclass(frozen=True)
-class TopicNames:
+class TopicNames(ConfigModel):
     """The stage's topics; override any name by keyword (e.g. per environment prefix)."""
 
-    receipts: str = RECEIPTS_TOPIC
-    staged_calls: str = STAGED_CALLS_TOPIC
-    canonical_rows: str = CANONICAL_ROWS_TOPIC
-    route_plans: str = ROUTE_PLANS_TOPIC
-    finalized_groups: str = FINALIZED_GROUPS_TOPIC
-    dead_letter: str = DEAD_LETTER_TOPIC
-    stage_ledger: str = STAGE_LEDGER_TOPIC
+    receipts: TopicName = Field(RECEIPTS_TOPIC, description="input: receipt events")
+    staged_calls: TopicName = Field(STAGED_CALLS_TOPIC, description="input: staged model calls")
+    canonical_rows: TopicName = Field(CANONICAL_ROWS_TOPIC, description="output: canonical rows")
+    route_plans: TopicName = Field(ROUTE_PLANS_TOPIC, description="output: route plans (deferred mode)")
+    finalized_groups: TopicName = Field(FINALIZED_GROUPS_TOPIC, description="output: one summary per group")
+    dead_letter: TopicName = Field(DEAD_LETTER_TOPIC, description="output: undecodable input records")
+    stage_ledger: TopicName = Field(STAGE_LEDGER_TOPIC, description="the stage's compacted ledger")
+
+    @model_validator(mode="after")
+    def _distinct(self) -> TopicNames:
+        # two roles on one topic would feed outputs back in as input (or mix record types)
+        names = self.all()
+        shared = sorted({n for n in names.values() if list(names.values()).count(n) > 1})
+        if shared:
+            roles = {n: [r for r, v in names.items() if v == n] for n in shared}
+            raise ValueError("every topic must be distinct, got " + "; ".join(
+                f"{' and '.join(r)} = {n!r}" for n, r in roles.items()))
+        return self
 
     def all(self) -> dict[str, str]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        return {name: getattr(self, name) for name in type(self).model_fields}
 
 
 def value_subject(topic: str) -> str:

@@ -114,7 +114,8 @@ def test_produce_only_feeds_the_standard_topic_layout_for_a_stage_running_elsewh
     from stage.wire import TopicNames
     topics = TopicNames(**{k: f"po.{v}" for k, v in TopicNames().all().items()})
     create_topics(AdminClient({"bootstrap.servers": tansu.bootstrap}),
-                  StageConfig(bootstrap_servers=tansu.bootstrap, topics=topics), partitions=1)
+                  StageConfig(bootstrap_servers=tansu.bootstrap, topics=topics), partitions=1,
+                  replication=1, min_insync_replicas=1)
     report = run_demo(opts)
     assert report["mode"] == "produce-only" and report["groups"] == 3 and report["ok"]
     receipts = [AvroCodec("ReceiptEvent").decode(m.value())

@@ -34,7 +34,7 @@ _ASSIGNED = re.compile(r"assigned partitions \[([0-9, ]*)\]")
 
 def write_config(cfg: StageConfig, path: Path) -> Path:
     """The StageConfig as the YAML file ``python -m stage run --config`` loads."""
-    path.write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=True))
+    path.write_text(yaml.safe_dump(cfg.model_dump(), sort_keys=True))
     return path
 
 

@@ -239,7 +239,9 @@ def test_boundary_index_at_the_wrong_position_is_route_boundary_index_mismatch()
 
 def test_invalid_plan_is_invalid_route_plan(routed):
     source, staged = routed
-    out = Reassembler(source, ReassemblyConfig(staging_partition="", **DEFERRED)).finalize_rollout(
+    # the configuration refuses an empty name; model_copy skips that to reach the plan's own check
+    config = ReassemblyConfig(**DEFERRED).model_copy(update={"staging_partition": ""})
+    out = Reassembler(source, config).finalize_rollout(
         "grp_g0", staged.receipt_json(), reward=0.0)
     assert out.rejection_reason == "invalid_route_plan:route_plan.staging_partition must be a non-empty string"
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import threading
 import time
@@ -41,9 +40,14 @@ def stage_config(bootstrap: str, topics: TopicNames, **overrides) -> StageConfig
     return StageConfig(**base)
 
 
+# The test brokers are single nodes: the production defaults (3 replicas, min ISR 2) cannot be met.
+ONE_BROKER = {"replication": 1, "min_insync_replicas": 1}
+
+
 def setup_topics(cfg: StageConfig, partitions: int = 2) -> None:
     """Create the stage's topics (create_topics returns once every partition has a leader)."""
-    create_topics(AdminClient({"bootstrap.servers": cfg.bootstrap_servers}), cfg, partitions=partitions)
+    create_topics(AdminClient({"bootstrap.servers": cfg.bootstrap_servers}), cfg, partitions=partitions,
+                  **ONE_BROKER)
 
 
 @dataclass
@@ -193,4 +197,4 @@ class RunningStage:
 
 
 def replace(cfg: StageConfig, **changes) -> StageConfig:
-    return dataclasses.replace(cfg, **changes)
+    return cfg.replace(**changes)

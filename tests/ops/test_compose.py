@@ -131,7 +131,7 @@ def test_topics_service_creates_co_partitioned_topics_first():
     service = compose()["services"]["topics"]
     args = parse_cli(service["command"])
     assert (args.command, args.topics_command) == ("topics", "create")
-    assert args.partitions >= 1 and args.replication == 1
+    assert args.partitions >= 1 and args.replication == 1 and args.min_insync_replicas == 1  # one broker
     loaded_config(service)
     assert service["depends_on"]["kafka"]["condition"] == "service_healthy"
     stage_cfg = loaded_config(compose()["services"]["stage"])

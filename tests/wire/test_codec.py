@@ -319,6 +319,6 @@ def test_topic_names():
         "stage_ledger": "rollouts.stage-ledger"}
     assert set(TOPIC_RECORDS) == set(topics.all())
     assert TopicNames(receipts="dev.receipts").receipts == "dev.receipts"
-    with pytest.raises(AttributeError):
-        topics.receipts = "x"  # frozen
+    with pytest.raises(ValueError, match="frozen"):
+        topics.receipts = "x"
     assert value_subject(topics.staged_calls) == "rollouts.staged-calls-value"
