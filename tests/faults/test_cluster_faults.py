@@ -109,6 +109,8 @@ def test_a_replica_stalled_inside_a_transaction_does_not_publish_its_groups_twic
         watcher.close()
 
 
+# Last in the module: it leaves the killed broker down (restarting it beside live clients once
+# tripped an assertion inside librdkafka 2.16 in this test process; the fixture stops the rest).
 def test_a_broker_killed_under_the_receipts_leader_does_not_fire_deadlines_early(cluster):
     # A session timeout longer than the failover: this test is about deadlines, not rebalances
     # (the group coordinator may be on the killed broker too).
@@ -116,34 +118,27 @@ def test_a_broker_killed_under_the_receipts_leader_does_not_fire_deadlines_early
                           consumer={"session.timeout.ms": 30000, "heartbeat.interval.ms": 1000})
     spec = make_group("failover", 2, seed=65, routes=None)
     feeder = Feeder(cluster.bootstrap, topics)
-    leader = None
     held = []
-    try:
-        with RunningStage(cfg) as stage:
-            runtime, stats = stage.runtime, stage.runtime.stats
-            stage.wait(lambda: runtime.ready, 60, "ready")
-            feeder.staged(spec)
-            feeder.flush()
-            stage.wait(lambda: runtime.buffers[0].open_groups == 1, 30, "staged calls buffered")
-            leader = cluster.leader_of(topics.receipts, 0)
-            cluster.node(leader).kill()
-            watching = threading.Event()
+    with RunningStage(cfg) as stage:
+        runtime, stats = stage.runtime, stage.runtime.stats
+        stage.wait(lambda: runtime.ready, 60, "ready")
+        feeder.staged(spec)
+        feeder.flush()
+        stage.wait(lambda: runtime.buffers[0].open_groups == 1, 30, "staged calls buffered")
+        cluster.node(cluster.leader_of(topics.receipts, 0)).kill()
+        watching = threading.Event()
 
-            def watch():
-                while not watching.is_set():
-                    held.append(stats.gauges.get("deadline_held_partitions", 0))
-                    time.sleep(0.1)
+        def watch():
+            while not watching.is_set():
+                held.append(stats.gauges.get("deadline_held_partitions", 0))
+                time.sleep(0.1)
 
-            threading.Thread(target=watch, daemon=True).start()
-            feeder.receipts(spec)          # held by the producer until a new leader is elected
-            feeder.flush()
-            stage.wait(lambda: stats.total("groups_published") >= 1, 120, "publication")
-            watching.set()
-            assert stats.total("orphan_groups_expired") == 0
-        assert max(held) == 1, "the held deadline was not visible"
-        (summary,) = [SUMMARY.decode(m.value()) for m in read_all(cluster.bootstrap, topics.finalized_groups)]
-        assert summary["outcome"] == "complete" and summary["valid_rows"] == 2, summary["rejections"]
-    finally:
-        if leader is not None:
-            cluster.node(leader).start()
-            cluster.wait_brokers(3)
+        threading.Thread(target=watch, daemon=True).start()
+        feeder.receipts(spec)          # held by the producer until a new leader is elected
+        feeder.flush()
+        stage.wait(lambda: stats.total("groups_published") >= 1, 120, "publication")
+        watching.set()
+        assert stats.total("orphan_groups_expired") == 0
+    assert max(held) == 1, "the held deadline was not visible"
+    (summary,) = [SUMMARY.decode(m.value()) for m in read_all(cluster.bootstrap, topics.finalized_groups)]
+    assert summary["outcome"] == "complete" and summary["valid_rows"] == 2, summary["rejections"]
