@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from confluent_kafka import Consumer
+import time
+
+from confluent_kafka import Consumer, KafkaError, KafkaException
 
 from stage.wire import AvroCodec, value_subject
 
@@ -34,3 +36,25 @@ def codec_for(name: str, topic: str, framing: str, schema_registry_url: str | No
         from confluent_kafka.schema_registry import SchemaRegistryClient
         registry = SchemaRegistryClient({"url": schema_registry_url})
     return AvroCodec(name, framing=framing, registry=registry, subject=value_subject(topic))
+
+
+# Transient group-coordinator states: librdkafka reports them from committed()/commit() without
+# marking them retriable.
+_COORDINATOR_MOVING = {KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+                       KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError._WAIT_COORD,
+                       KafkaError._TIMED_OUT, KafkaError._TRANSPORT}
+
+
+def retrying(fn, *, timeout: float = 30.0):
+    """``fn()``, retried while it fails with a retriable Kafka error (a group coordinator still
+    loading right after a broker start, a leader election) for at most ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return fn()
+        except KafkaException as error:
+            kafka_error = error.args[0]
+            transient = kafka_error.retriable() or kafka_error.code() in _COORDINATOR_MOVING
+            if not transient or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)

@@ -33,7 +33,7 @@ from stage.client.assembly import (
     route_plan_from_record,
     row_from_record,
 )
-from stage.client.consuming import codec_for, reader_defaults, take
+from stage.client.consuming import codec_for, reader_defaults, retrying, take
 from stage.client.position import ReadPosition
 from stage.client.route_fetch import DeferredRouteFetcher
 from stage.client.staleness import Staleness
@@ -123,7 +123,8 @@ class CanonicalReader:
             self.stream.restore(start)
             offsets = start.offsets()
         elif self.group_id is not None:  # continue where the group's commits say
-            committed = self.consumer.committed([TopicPartition(t, p) for t, p in tps], timeout=30)
+            committed = retrying(lambda: self.consumer.committed(
+                [TopicPartition(t, p) for t, p in tps], timeout=30))
             offsets = {(c.topic, c.partition): c.offset if c.offset >= 0 else None for c in committed}
         else:
             offsets = {}
@@ -237,7 +238,7 @@ class CanonicalReader:
             raise RuntimeError("commit() needs a group_id (readers without one commit nothing)")
         offsets = self.committable()
         if offsets:
-            self.consumer.commit(offsets=offsets, asynchronous=False)
+            retrying(lambda: self.consumer.commit(offsets=offsets, asynchronous=False))
 
     def close(self) -> None:
         self.consumer.close()

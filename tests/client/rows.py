@@ -37,11 +37,11 @@ def group_rows(group_id: str, *, weight_version: int | None = None, max_wv: int 
     return out
 
 
-def interleaved_log(group_ids, rng: random.Random, *, open_groups: int = 3,
-                    duplicate_rate: float = 0.0) -> list[tuple[str, dict, bytes]]:
+def interleaved_log(group_ids, rng: random.Random, *, open_groups: int = 3, duplicate_rate: float = 0.0,
+                    rows_of=group_rows) -> list[tuple[str, dict, bytes]]:
     """One partition's records: up to ``open_groups`` groups in progress at a time, rows in
-    random order; with ``duplicate_rate``, a copy of a row of a group completed within the last
-    ``8`` records appears (a replayed transaction's copy lands near the original)."""
+    random order (``rows_of(group_id)`` makes them); with ``duplicate_rate``, a copy of a row of a
+    group completed within the last 8 records appears (a replayed transaction's copy lands near the original)."""
     waiting = list(group_ids)
     open_: list[tuple[str, list]] = []
     done: list[tuple[int, list]] = []    # (offset of the last row, rows)
@@ -49,7 +49,7 @@ def interleaved_log(group_ids, rng: random.Random, *, open_groups: int = 3,
     while waiting or open_:
         while waiting and len(open_) < open_groups:
             gid = waiting.pop(0)
-            rows = group_rows(gid)
+            rows = rows_of(gid)
             rng.shuffle(rows)
             open_.append((gid, rows))
         gid, rows = rng.choice(open_)
@@ -57,7 +57,7 @@ def interleaved_log(group_ids, rng: random.Random, *, open_groups: int = 3,
         log.append((gid, record, raw))
         if not rows:
             open_ = [(g, r) for g, r in open_ if g != gid]
-            done.append((len(log) - 1, group_rows(gid)))
+            done.append((len(log) - 1, rows_of(gid)))
         recent = [rows for last, rows in done if len(log) - last <= 8]
         if recent and rng.random() < duplicate_rate:
             record, raw = rng.choice(rng.choice(recent))
