@@ -13,6 +13,8 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     from stage.demo.cli import add_parser as add_demo_parser
     add_demo_parser(commands)
+    from stage.debug.cli import add_parsers as add_debug_parsers
+    add_debug_parsers(commands)
     bench = commands.add_parser("bench", help="run a benchmark and print its figures")
     which = bench.add_subparsers(dest="bench", required=True)
     verify = which.add_parser("verify", help="verify_and_linearize throughput vs SHA-256 bound")
@@ -61,6 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "demo":
         from stage.demo.cli import main as demo_main
         return demo_main(args)
+    if args.command in ("inspect", "dead-letters"):
+        from stage.debug.cli import main as debug_main
+        return debug_main(args, _load)
     if args.command == "bench" and args.bench == "verify":
         from stage.bench.verify import run
         report = run(as_json=args.json, min_seconds=args.seconds)

@@ -38,11 +38,13 @@ def codec_for(name: str, topic: str, framing: str, schema_registry_url: str | No
     return AvroCodec(name, framing=framing, registry=registry, subject=value_subject(topic))
 
 
-# Transient group-coordinator states: librdkafka reports them from committed()/commit() without
-# marking them retriable.
-_COORDINATOR_MOVING = {KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
-                       KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError._WAIT_COORD,
-                       KafkaError._TIMED_OUT, KafkaError._TRANSPORT}
+# Transient states (a coordinator or leader moving, metadata not updated yet after a topic was
+# created): librdkafka reports them from committed(), commit(), get_watermark_offsets() and
+# offsets_for_times() without marking them retriable.
+_TRANSIENT = {KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+              KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError._WAIT_COORD, KafkaError._TIMED_OUT,
+              KafkaError._TRANSPORT, KafkaError.NOT_LEADER_FOR_PARTITION,
+              KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART}
 
 
 def retrying(fn, *, timeout: float = 30.0):
@@ -54,7 +56,7 @@ def retrying(fn, *, timeout: float = 30.0):
             return fn()
         except KafkaException as error:
             kafka_error = error.args[0]
-            transient = kafka_error.retriable() or kafka_error.code() in _COORDINATOR_MOVING
+            transient = kafka_error.retriable() or kafka_error.code() in _TRANSIENT
             if not transient or time.monotonic() > deadline:
                 raise
             time.sleep(0.2)
