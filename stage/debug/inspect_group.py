@@ -211,7 +211,8 @@ def format_report(report: dict) -> list[str]:
             continue
         status = "valid   " if r["valid"] else "REJECTED"
         reason = f"  {r['rejection_reason']}" if r["rejection_reason"] else ""
-        lines.append(f"  row {r['row_index']}  {status} {r['rollout_id']}  {r['input_lengths']} tokens  "
+        tokens = f"{r['input_lengths']} token" + ("" if r["input_lengths"] == 1 else "s")
+        lines.append(f"  row {r['row_index']}  {status} {r['rollout_id']}  {tokens}  "
                      f"reward {r['total_reward']:g}  at {_at(r['at'])}{reason}")
     for plan in report["route_plans"]:
         frags = ", ".join(f"{f['staging_key']} -> {f['topic']}[{f['partition']}]@{f['offset']}"
@@ -244,6 +245,7 @@ def format_report(report: dict) -> list[str]:
     lines.append(f"dead letters keyed {report['group_id']!r}: {len(report['dead_letters']) or 'none'}")
     for d in report["dead_letters"]:
         lines.append(f"  {_at(d['at'])} from {d['source']} ({d['error_class']}, {d['bytes']:,} B): {d['error']}")
-    lines.append("scanned: " + "; ".join(f"{s['topic']}[{s['partition']}] {s['start']}..{s['end']} "
-                                         f"({s['records_read']} read)" for s in report["scanned"]))
+    lines.append("scanned: " + "; ".join(
+        f"{s['topic']}[{s['partition']}]@{s['start']}..{s['end'] - 1} ({s['records_read']} read)"
+        if s["end"] > s["start"] else f"{s['topic']}[{s['partition']}] (nothing)" for s in report["scanned"]))
     return lines
