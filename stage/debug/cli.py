@@ -157,7 +157,8 @@ def _codecs(cfg):
 
 
 def _inspect(args, cfg, reader) -> int:
-    from stage.debug.inspect_group import GroupInspector, format_report
+    from stage.debug.inspect_group import GroupInspector
+    from stage.debug.text import format_report
     report = GroupInspector(cfg, reader, _codecs(cfg), since_ms=args.since, until_ms=args.until,
                             slack_ms=args.slack_ms).report(args.group_id)
     if args.json:
@@ -177,6 +178,7 @@ def _filters(args):
 
 def _dead_letters(args, cfg, reader) -> int:
     from stage.debug import deadletters as dl
+    from stage.debug.text import dead_letter_lines, source
     filters = _filters(args)
     if args.dead_letters_command == "replay" and not (filters.any or args.all):
         print("dead-letters replay: select what to re-produce (a filter, --at) or pass --all",
@@ -193,7 +195,7 @@ def _dead_letters(args, cfg, reader) -> int:
                               "dead_letters": rows}, indent=2, sort_keys=True))
         else:
             for row in rows:
-                print(_list_line(row))
+                print(dead_letter_lines(row))
             print(f"{len(views)} dead letter(s) matched of {read} read" +
                   (f", {len(rows)} shown (--limit)" if len(rows) < len(views) else ""))
         return EXIT_OK
@@ -222,26 +224,7 @@ def _dead_letters(args, cfg, reader) -> int:
         for r in results:
             d = r["dead_letter"]
             print(f"{r['status']:<16} {d['topic']}[{d['partition']}]@{d['offset']} "
-                  f"(from {_source(r)}, {r['error_class']}): {r['detail']}")
+                  f"(from {source(r)}, {r['error_class']}): {r['detail']}")
         print(", ".join(f"{n} {s.replace('_', ' ')}" for s, n in counts.items() if n or s == "replayed")
               + f" (replay log {log_topic})")
     return EXIT_FAILED if counts["refused"] else EXIT_OK
-
-
-def _source(row: dict) -> str:
-    s = row["source"]
-    return f"{s['topic']}[{s['partition']}]@{s['offset']}"
-
-
-def _list_line(row: dict) -> str:
-    from stage.debug.inspect_group import _ts
-    d = row["dead_letter"]
-    size = "null value" if row["value_bytes"] is None else f"{row['value_bytes']:,} B"
-    replayed = row["replayed"]
-    state = ""
-    if replayed:
-        to = replayed.get("replayed_to") or {}
-        state = f"  replayed -> {to.get('topic')}[{to.get('partition')}]@{to.get('offset')}"
-    error = (row["error"] or "")[:200]
-    return (f"{d['topic']}[{d['partition']}]@{d['offset']} {_ts(d['timestamp_ms'])}  from {_source(row)}  "
-            f"{row['error_class']}  key {row['key']!r}  {size}{state}\n    {error}")

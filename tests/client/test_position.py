@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from stage.client import ReadPosition
+from stage.client import CanonicalReader, ReadPosition
 from stage.client.stream import GroupStream
 from tests.client.rows import group_rows, interleaved_log
 
@@ -173,3 +173,11 @@ def test_a_crashing_trainer_resumed_from_its_checkpoints_trains_every_group_exac
 
 def test_the_simulation_does_crash_and_resume():   # the property above is not vacuous
     assert sum(_trainer_run(seed)[2] for seed in range(5)) > 5
+
+
+def test_start_from_is_refused_for_a_consumer_group_member_before_anything_connects():
+    position = {"version": 1, "partitions": [{"topic": "rows", "partition": 0, "offset": 3}]}
+    with pytest.raises(ValueError, match="assigns its partitions"):
+        CanonicalReader("127.0.0.1:9", group_id="trainer", start_from=position)
+    with pytest.raises(ValueError, match="format version"):
+        CanonicalReader("127.0.0.1:9", start_from={"partitions": []})
