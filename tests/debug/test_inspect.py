@@ -5,8 +5,6 @@ keys, the exact coordinates of every input record, and the dead letter."""
 
 from __future__ import annotations
 
-import dataclasses
-
 from stage.finalize import ReassemblyConfig
 from stage.wire.partitioner import partition_for
 from tests.debug.helpers import CoordinateFeeder, run_cli
@@ -95,8 +93,8 @@ def test_inspect_builds_its_clients_from_the_stage_config_like_run(kafka, capsys
     topics = unique_topics()
     cfg = stage_config(kafka.bootstrap, topics)
     setup_topics(cfg, partitions=2)
-    sasl = dataclasses.replace(cfg, kafka={"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN",
-                                           "sasl.username": "u", "sasl.password": "p"})
+    sasl = stage_config(kafka.bootstrap, topics, kafka={
+        "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN", "sasl.username": "u", "sasl.password": "p"})
     rc, out, err = run_cli(capsys, sasl, tmp_path, "inspect", "g", as_json=False)
     assert rc == 1 and out == "" and err.startswith("rollout-reassembler inspect: ")
     rc, out, err = run_cli(capsys, cfg, tmp_path, "inspect", "g", as_json=False)
