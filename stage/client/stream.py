@@ -103,8 +103,10 @@ class GroupStream:
         """The next complete group that passes the staleness check (it counts as handed out
         from now on), or None when none is ready. Stale groups are skipped or held, counted."""
         while self.ready:
-            group = self.ready.popleft()
-            if self._fresh(group):
+            group = self.ready[0]
+            fresh = self._fresh(group)        # may raise (no weight version): the group stays ready
+            self.ready.popleft()
+            if fresh:
                 self.tracker.finish(group.group_id)
                 self.counts["handed_out"] += 1
                 return group

@@ -77,6 +77,8 @@ def test_a_lag_without_a_policy_version_is_an_error_not_a_guess():
     stream = stream_with([("a", 1, 1, True)], Staleness(max_weight_version_lag=1), version=None)
     with pytest.raises(RuntimeError, match="set_weight_version"):
         stream.next_group()
+    stream.weight_version = 1                              # the trainer sets it and goes on
+    assert stream.next_group().group_id == "a"
 
 
 @pytest.mark.parametrize("kwargs", [{"on_stale": "drop"}, {"max_weight_version_lag": -1},
