@@ -122,6 +122,7 @@ class CanonicalReader:
                                  f"{unknown} (other topics or route_plans setting?)")
             self.stream.restore(start)
             offsets = start.offsets()
+            self._check_kept(offsets)
         elif self.group_id is not None:  # continue where the group's commits say
             committed = retrying(lambda: self.consumer.committed(
                 [TopicPartition(t, p) for t, p in tps], timeout=30))
@@ -134,6 +135,25 @@ class CanonicalReader:
             self.stream.assigned(tp, offset)
             assignment.append(TopicPartition(*tp, OFFSET_BEGINNING if offset is None else offset))
         self.consumer.assign(assignment)
+
+    def _check_kept(self, offsets) -> None:
+        """Say so when the topic no longer holds what the position needs: records deleted by
+        retention since the checkpoint (their groups are lost to this trainer), or a position
+        past the end (the topic was recreated: the reader starts over at its beginning)."""
+        for (topic, partition), offset in offsets.items():
+            if offset is None:
+                continue
+            low, high = retrying(lambda: self.consumer.get_watermark_offsets(
+                TopicPartition(topic, partition), timeout=30))
+            if offset < low:
+                self.counts["lost_to_retention"] += low - offset
+                logger.error("%s[%d]: the start position is at offset %d but the topic keeps records "
+                             "from %d on: %d records were deleted (retention) before this trainer read "
+                             "them", topic, partition, offset, low, low - offset)
+            elif offset > high:
+                self.counts["position_past_end"] += 1
+                logger.error("%s[%d]: the start position (offset %d) is past the end (%d): was the topic "
+                             "recreated? Reading from its beginning", topic, partition, offset, high)
 
     def _on_assign(self, consumer, partitions) -> None:
         for tp in partitions:

@@ -5,7 +5,8 @@ every group; across the whole run each group is in its train state exactly once 
 set aside as too stale for the policy), and the lag-monitoring commits match its position.
 
 Rows arrive while the trainer runs, interleaved across groups, in transactions of which some
-abort and are retried (as the stage's are), so positions regularly fall inside groups."""
+abort and are retried (as the stage's are), so positions regularly fall inside groups. And a
+position whose records the topic no longer holds (retention, a recreated topic) is reported."""
 
 from __future__ import annotations
 
@@ -21,9 +22,11 @@ from collections import Counter
 from pathlib import Path
 
 from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
 
+from stage.client import CanonicalReader
 from stage.wire import TopicNames
-from stage.wire.partitioner import LIBRDKAFKA_PARTITIONER
+from stage.wire.partitioner import LIBRDKAFKA_PARTITIONER, partition_for
 from tests.client.rows import group_rows, interleaved_log
 from tests.integration.harness import setup_topics, stage_config, unique_topics
 
@@ -159,3 +162,25 @@ def test_a_trainer_killed_at_random_points_trains_every_group_exactly_once(kafka
     committed = consumer.committed([TopicPartition(t, p) for t, p in position], timeout=30)
     consumer.close()
     assert {(c.topic, c.partition): c.offset for c in committed} == position
+
+
+def test_records_deleted_since_the_checkpoint_are_counted_and_logged_not_silently_skipped(kafka, caplog):
+    topics = unique_topics()
+    setup_topics(stage_config(kafka.bootstrap, topics), partitions=2)
+    producer = Producer({"bootstrap.servers": kafka.bootstrap, "partitioner": LIBRDKAFKA_PARTITIONER})
+    ids = [gid for gid in (f"r{i}" for i in range(40)) if partition_for(gid.encode(), 2) == 0][:2]
+    for gid in ids:                                   # two groups, 3 rows each, in partition 0
+        for _, raw in group_rows(gid):
+            producer.produce(topics.canonical_rows, key=gid.encode(), value=raw)
+    assert producer.flush(30) == 0
+    admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
+    for future in admin.delete_records([TopicPartition(topics.canonical_rows, 0, 3)]).values():
+        future.result()                               # retention took the first group
+    position = {"version": 1, "partitions": [
+        {"topic": topics.canonical_rows, "partition": 0, "offset": 0, "handed_out": {}},
+        {"topic": topics.canonical_rows, "partition": 1, "offset": 50, "handed_out": {}}]}
+    with CanonicalReader(kafka.bootstrap, topics=topics, start_from=position,
+                         config={"fetch.wait.max.ms": 20}) as reader:
+        assert [g.group_id for g in reader.read(1, timeout=30)] == [ids[1]]
+        assert reader.counts["lost_to_retention"] == 3 and reader.counts["position_past_end"] == 1
+    assert "3 records were deleted (retention)" in caplog.text and "was the topic recreated" in caplog.text
