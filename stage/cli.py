@@ -28,11 +28,14 @@ def _parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="rollout-reassembler", formatter_class=Help,
         description="Verify staged RL rollouts and publish canonical training rows. Exit status: 0 "
-                    "success, 1 failure (a check, a topic layout), 2 usage or configuration error.")
+                    "success, 1 failure (a check, a topic layout), 2 usage error, 3 configuration "
+                    "error; `run` has more (README, Exit codes).")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     from stage.demo.cli import add_parser as add_demo_parser
     add_demo_parser(commands)
     _add_runtime_parsers(commands)
+    from stage.debug.cli import add_parsers as add_debug_parsers
+    add_debug_parsers(commands)
     _add_bench_parsers(commands)
     return parser
 
@@ -107,6 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "demo":
         from stage.demo.cli import main as demo_main
         return demo_main(args)
+    if args.command in ("inspect", "dead-letters"):
+        from stage.debug.cli import main as debug_main
+        return debug_main(args, _load)
     if args.command == "bench" and args.bench == "verify":
         from stage.bench.verify import run
         report = run(as_json=args.json, min_seconds=args.seconds)

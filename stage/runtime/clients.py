@@ -60,3 +60,17 @@ def reader_config(cfg: StageConfig, group_suffix: str) -> dict:
         "auto.offset.reset": "earliest",
         **cfg.consumer,
     }
+
+
+def replay_producer_config(cfg: StageConfig, transactional_id: str) -> dict:
+    """The dead-letter replay's transactional producer (``rollout-reassembler dead-letters
+    replay``): the stage's client settings, never the stage's own transactional id."""
+    return {
+        **common(cfg),
+        "enable.idempotence": True,
+        "acks": "all",
+        "message.max.bytes": max(cfg.max_record_bytes + (1 << 20), 1_000_000),
+        **cfg.producer,
+        "transactional.id": transactional_id,
+        "transaction.timeout.ms": 60_000,
+    }
