@@ -1,5 +1,5 @@
 """HTTP endpoints: /metrics (Prometheus text), /healthz (the poll loop is making progress),
-/readyz (partitions assigned and their ledgers loaded). Liveness never depends on the broker
+/readyz (partitions assigned, their ledgers loaded, none halted, the Schema Registry answering). Liveness never depends on the broker
 being reachable: a stuck loop is what a restart fixes, a broker outage is not."""
 
 from __future__ import annotations
@@ -35,9 +35,8 @@ class HealthServer:
         return True, f"poll loop active {idle:.1f}s ago"
 
     def ready(self) -> tuple[bool, str]:
-        if not self.runtime.ready:
-            return False, "no partitions assigned (or ledger not loaded yet)"
-        return True, f"{len(self.runtime.buffers)} partitions assigned"
+        """(ready, why): partitions assigned and loaded, none halted, the registry answering."""
+        return self.runtime.readiness()
 
     def _handler(self):
         server = self

@@ -40,7 +40,8 @@ def test_stage_image_processes_the_produce_only_feed(kafka, tmp_path):
     env = ("-e", f"ROLLOUT_REASSEMBLER_BOOTSTRAP_SERVERS={kafka.bootstrap}")
 
     topics_run = Container(stage_image, "topics", "create", "--config", "/etc/rollout-reassembler/stage.yaml",
-                           "--partitions", "2", "--replication", "1", options=(*mount, *env), detach=False)
+                           "--partitions", "2", "--replication", "1", "--min-insync-replicas", "1",
+                           options=(*mount, *env), detach=False)
     topics_run.remove()
     assert topics_run.result.returncode == 0, topics_run.result.stdout + topics_run.result.stderr
 

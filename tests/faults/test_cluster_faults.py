@@ -62,7 +62,10 @@ def _feed(feeder: Feeder, spec, receipts=None) -> None:
     feeder.flush()
 
 
-def test_a_replica_stalled_inside_a_transaction_does_not_publish_its_groups_twice(cluster, tmp_path):
+# before_commit: offsets sent, the zombie commits on resume; after_produce: records written, no
+# offsets yet, the zombie's offset commit is fenced on resume and it aborts.
+@pytest.mark.parametrize("stall", ["before_commit:1:stop", "after_produce:1:stop"])
+def test_a_replica_stalled_inside_a_transaction_does_not_publish_its_groups_twice(cluster, tmp_path, stall):
     cfg, topics = _topics(cluster, group_timeout_ms=600_000, publish_linger_ms=100)
     feeder = Feeder(cluster.bootstrap, topics)
     watcher = SummaryWatcher(cluster.bootstrap, topics.finalized_groups)
@@ -75,7 +78,7 @@ def test_a_replica_stalled_inside_a_transaction_does_not_publish_its_groups_twic
         # Two replicas, each with its own transactional.id (as the chart gives each pod): the
         # heir's init_transactions cannot fence the zombie's transaction by id.
         zombie = StageProcess(replace(cfg, transactional_id=f"{cfg.transactional_id}-a"), tmp_path,
-                              "zombie", fault="before_commit:1:stop", arm_file=arm)
+                              "zombie", fault=stall, arm_file=arm)
         procs.append(zombie)
         zombie.wait_for(lambda: "partition 0 ready" in zombie.log(), 90, "the first replica")
         _feed(feeder, groups[0])

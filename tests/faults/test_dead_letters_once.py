@@ -1,8 +1,8 @@
 """Dead letters are exactly once, like every other output: committed offsets stay at the oldest
 open group, so a restarted stage re-reads bad records it has already dead-lettered; the ledger's
-dead-letter watermark makes it skip them. Restarts: SIGTERM, and kill -9 inside the transaction
-that carries dead letters (not committed: dead-lettered again after the restart, once) and right
-after it committed (never again)."""
+dead-letter watermark makes it skip them. Restarts: SIGTERM, and kill -9 at every transaction
+point: before it begins, inside the transaction that carries dead letters (not committed:
+dead-lettered again after the restart, once) and right after it committed (never again)."""
 
 from __future__ import annotations
 
@@ -34,7 +34,8 @@ def _wave(feeder: Feeder, topics, spec) -> None:
     feeder.flush()
 
 
-@pytest.mark.parametrize("restart", ["sigterm", "before_commit:2", "after_commit:2"])
+@pytest.mark.parametrize("restart", ["sigterm", "before_begin:2", "after_produce:2", "before_commit:2",
+                                     "after_commit:2"])
 def test_each_bad_record_has_exactly_one_committed_dead_letter(kafka, tmp_path, restart):
     topics = unique_topics()
     cfg = stage_config(kafka.bootstrap, topics, group_timeout_ms=600_000, publish_linger_ms=300)

@@ -187,7 +187,8 @@ def health_server(*, ready: bool = True, stalled: bool = False):
     from stage.observability import HealthServer, PrometheusSink
     stats = SimpleNamespace(sink=PrometheusSink(),
                             last_loop_at=time.monotonic() - (3600 if stalled else 0))
-    runtime = SimpleNamespace(stats=stats, ready=ready, buffers={0: None} if ready else {})
+    runtime = SimpleNamespace(stats=stats, readiness=lambda: (ready, "1 partitions assigned" if ready
+                                                              else "no partitions assigned"))
     server = HealthServer(runtime, 0, host="127.0.0.1").start()
     try:
         yield server.port
