@@ -58,7 +58,8 @@ def reader_config(cfg: StageConfig, group_suffix: str) -> dict:
         "isolation.level": "read_committed",
         "enable.partition.eof": True,
         "auto.offset.reset": "earliest",
-        **cfg.consumer,
+        # never a group member: a static member id (the pod name) belongs to the stage's consumer
+        **{k: v for k, v in cfg.consumer.items() if k != "group.instance.id"},
     }
 
 

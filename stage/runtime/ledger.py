@@ -18,8 +18,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, IsolationLevel, KafkaError, KafkaException, TopicPartition
-from confluent_kafka.admin import OffsetSpec
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
 from stage.publish.deadletters import DEAD_LETTER_WATERMARK_KEY
 from stage.runtime.clients import reader_config
@@ -38,21 +37,21 @@ class LedgerState:
     dead_letter_offsets: dict[str, int] = field(default_factory=dict)   # input topic -> offset
 
 
-def _end_offset(admin, tp: TopicPartition, isolation, timeout_s: float) -> int:
-    future = admin.list_offsets({tp: OffsetSpec.latest()}, isolation_level=isolation,
-                                request_timeout=timeout_s)[tp]
-    return future.result().offset
+def _end_offset(reader: Consumer, tp: TopicPartition) -> int:
+    """The partition's end as ``reader`` sees it: the last stable offset for a read_committed
+    reader, the log end (high watermark) for a read_uncommitted one."""
+    return reader.get_watermark_offsets(TopicPartition(tp.topic, tp.partition), timeout=10, cached=False)[1]
 
 
-def wait_until_stable(admin, tp: TopicPartition, *, timeout_s: float, should_stop,
-                      poll_s: float = 0.25) -> int:
+def wait_until_stable(committed: Consumer, uncommitted: Consumer, tp: TopicPartition, *,
+                      timeout_s: float, should_stop, poll_s: float = 0.25) -> int:
     """Wait until no transaction that was open when we looked can still add entries: the last
     stable offset reaches the log end seen at the start. Returns that log end."""
-    log_end = _retry(lambda: _end_offset(admin, tp, IsolationLevel.READ_UNCOMMITTED, 10), should_stop)
+    log_end = _retry(lambda: _end_offset(uncommitted, tp), should_stop)
     deadline = time.monotonic() + timeout_s
     next_log = time.monotonic() + 5
     while True:
-        stable = _retry(lambda: _end_offset(admin, tp, IsolationLevel.READ_COMMITTED, 10), should_stop)
+        stable = _retry(lambda: _end_offset(committed, tp), should_stop)
         if stable >= log_end:
             return log_end
         if time.monotonic() > deadline:
@@ -81,37 +80,43 @@ def _retry(fn, should_stop, attempts: int = 50):
             time.sleep(0.2)
 
 
-def load_ledger(cfg: StageConfig, codec, admin, partition: int, *, should_stop=lambda: False,
+def load_ledger(cfg: StageConfig, codec, partition: int, *, should_stop=lambda: False,
                 timeout_s: float = 60.0) -> LedgerState:
     """The partition's ledger as of a point where no transaction on it is open, read_committed."""
     tp = TopicPartition(cfg.topics.stage_ledger, partition, OFFSET_BEGINNING)
-    high = wait_until_stable(admin, tp, timeout_s=cfg.transaction_timeout_ms / 1000 + 30,
-                             should_stop=should_stop)
+    reader = Consumer(reader_config(cfg, "ledger-reader"))
+    uncommitted = Consumer({**reader_config(cfg, "ledger-reader"), "isolation.level": "read_uncommitted"})
+    try:
+        high = wait_until_stable(reader, uncommitted, tp, timeout_s=cfg.transaction_timeout_ms / 1000 + 30,
+                                 should_stop=should_stop)
+        return _read(reader, tp, high, codec, should_stop, timeout_s)
+    finally:
+        uncommitted.close()
+        reader.close()
+
+
+def _read(reader: Consumer, tp: TopicPartition, high: int, codec, should_stop, timeout_s: float) -> LedgerState:
     state = LedgerState()
     if high <= 0:
         return state
-    reader = Consumer(reader_config(cfg, "ledger-reader"))
-    try:
-        reader.assign([tp])
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if should_stop():
-                raise LoadCancelled()
-            msg = reader.poll(0.5)
-            if msg is None:
+    reader.assign([tp])
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if should_stop():
+            raise LoadCancelled()
+        msg = reader.poll(0.5)
+        if msg is None:
+            continue
+        if msg.error():
+            if msg.error().code() == KafkaError._PARTITION_EOF:
+                if msg.offset() >= high:
+                    return state
                 continue
-            if msg.error():
-                if msg.error().code() == KafkaError._PARTITION_EOF:
-                    if msg.offset() >= high:
-                        return state
-                    continue
-                raise RuntimeError(f"ledger read failed: {msg.error()}")
-            _apply(state, msg, codec)
-            if msg.offset() + 1 >= high:
-                return state
-        raise TimeoutError(f"ledger partition {partition} not read within {timeout_s}s")
-    finally:
-        reader.close()
+            raise RuntimeError(f"ledger read failed: {msg.error()}")
+        _apply(state, msg, codec)
+        if msg.offset() + 1 >= high:
+            return state
+    raise TimeoutError(f"ledger partition {tp.partition} not read within {timeout_s}s")
 
 
 def _apply(state: LedgerState, msg, codec) -> None:

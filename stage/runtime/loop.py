@@ -56,7 +56,8 @@ from stage.runtime.pauses import BACKPRESSURE, HALTED, LOADING, REGISTRY, SHUTDO
 from stage.runtime.registry import SchemaResolver
 from stage.runtime.startup import connect_admin, probe_device, register_output_schemas
 from stage.runtime.stats import RuntimeStats
-from stage.runtime.topics import watch_partition_counts
+from stage.runtime.probes import BrokerQueries
+from stage.runtime.topics import PartitionWatch
 from stage.runtime.worker import Outputs, finalize_and_encode
 from stage.wire import AvroCodec, SchemaNotCached, WireError, value_subject
 
@@ -120,6 +121,7 @@ class StageRuntime:
         self.consumer: Consumer | None = None
         self.admin: AdminClient | None = None
         self.probe: EndOffsetProbe | None = None
+        self.queries: BrokerQueries | None = None
         self.start_offsets: StartOffsets | None = None
         self.publisher = None
         self.partitions = 0
@@ -156,8 +158,9 @@ class StageRuntime:
             self.publisher.start()
         except StageFatal as error:
             raise exits.kafka_fatal(f"init_transactions failed: {error}") from None
-        self.probe = EndOffsetProbe(self.admin, self.clock.now_ms)
-        self.start_offsets = StartOffsets(self.admin, cfg.group_id)
+        self.queries = BrokerQueries(cfg)
+        self.probe = EndOffsetProbe(self.queries, self.clock.now_ms)
+        self.start_offsets = StartOffsets(self.queries)
         consumer_conf = consumer_config(cfg)
         if cfg.statistics_interval_ms > 0:  # per-partition consumer lag for /metrics
             consumer_conf.setdefault("statistics.interval.ms", cfg.statistics_interval_ms)
@@ -172,7 +175,7 @@ class StageRuntime:
             from stage.observability import HealthServer
             self.health = HealthServer(self, cfg.metrics_port).start()
             logger.info("metrics and health on :%d (/metrics, /healthz, /readyz)", self.health.port)
-        self._topology = watch_partition_counts(self.admin, self.topics, self.partitions, _TOPOLOGY_CHECK_S)
+        self._topology = PartitionWatch(self.queries, self.topics, self.partitions, _TOPOLOGY_CHECK_S)
         logger.info("stage started: %d partitions per topic, %s, transactional.id=%s; joining group %s",
                     self.partitions, cfg.processing, cfg.effective_transactional_id, cfg.group_id)
 
@@ -209,6 +212,8 @@ class StageRuntime:
             self.publish_pool.shutdown(wait=True)
             if self.resolver is not None:
                 self.resolver.close()
+            if self.queries is not None:
+                self.queries.close()
             self.publisher.close()
             self.consumer = None
             if self.health is not None:
@@ -350,8 +355,7 @@ class StageRuntime:
         def load():
             if delay_s and self._stop.wait(delay_s):
                 raise LoadCancelled()
-            return load_ledger(self.cfg, self.codecs["LedgerEntry"], self.admin, partition,
-                               should_stop=stopped)
+            return load_ledger(self.cfg, self.codecs["LedgerEntry"], partition, should_stop=stopped)
 
         self.loading[partition] = (self.loader_pool.submit(load), epoch)
 
@@ -401,9 +405,7 @@ class StageRuntime:
             deadline = buffer.next_deadline_ms()
             if partition not in self.halted and deadline is not None and deadline <= now_ms:
                 due[partition] = deadline
-        urgent = any(self.probe.views.get((t, p)) is not None and self.probe.views[(t, p)].asked_ms < d
-                     for p, d in due.items() for t in self.topics)
-        self.probe.poll(urgent=urgent)
+        self.probe.poll(urgent={(t, p): d for p, d in due.items() for t in self.topics})
         positions = self._positions(due) if due else {}
         held = {}
         for partition, buffer in self.buffers.items():
@@ -591,6 +593,9 @@ class StageRuntime:
                                max(0.0, (now - out.context.last_timestamp_ms) / 1000))
         self._remember_committed(batch.offsets)
         self._last_commit = time.monotonic()
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug("committed: groups %s, %d records, offsets %s", [o.group_id for o in outputs],
+                         len(batch.records), {f"{tp.topic}[{tp.partition}]": tp.offset for tp in batch.offsets})
 
     def _committable(self, publishing: set) -> list[TopicPartition]:
         """Per input partition, the lowest offset still needed once this batch is published.

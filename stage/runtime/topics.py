@@ -6,7 +6,6 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from confluent_kafka import TopicCollection
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 if TYPE_CHECKING:   # the CLI reads this module's defaults while building its parser: keep it light
@@ -130,35 +129,27 @@ def _wait_visible(admin: AdminClient, names: list[str], partitions: int, timeout
 
 
 class PartitionWatch:
-    """Notices partitions added to an input topic while the stage runs (asynchronously: the
-    admin client's futures, checked from the loop). ``poll()`` -> (topic, new count) or None."""
+    """Notices partitions added to an input topic while the stage runs (asked off the loop
+    thread, stage.runtime.probes). ``poll()`` -> (topic, new count) or None."""
 
-    def __init__(self, admin: AdminClient, topics, expected: int, interval_s: float) -> None:
-        self.admin, self.topics, self.expected, self.interval_s = admin, tuple(topics), expected, interval_s
+    def __init__(self, queries, topics, expected: int, interval_s: float) -> None:
+        self.queries, self.topics, self.expected, self.interval_s = queries, tuple(topics), expected, interval_s
         self._next = time.monotonic() + interval_s
-        self._futures: dict | None = None
+        self._futures: dict = {}
 
     def poll(self) -> tuple[str, int] | None:
-        if self._futures is not None:
+        if self._futures:
             if not all(f.done() for f in self._futures.values()):
                 return None
-            futures, self._futures = self._futures, None
+            futures, self._futures = self._futures, {}
             for topic, future in futures.items():
                 try:
-                    count = len(future.result().partitions)
+                    count = future.result()
                 except Exception:  # noqa: BLE001 - a failed lookup says nothing about the layout
                     continue
                 if count != self.expected:
                     return topic, count
         if time.monotonic() >= self._next:
             self._next = time.monotonic() + self.interval_s
-            try:
-                self._futures = self.admin.describe_topics(TopicCollection(list(self.topics)),
-                                                           request_timeout=10)
-            except Exception:  # noqa: BLE001 - retried at the next interval
-                self._futures = None
+            self._futures = {topic: self.queries.partition_count(topic) for topic in self.topics}
         return None
-
-
-def watch_partition_counts(admin: AdminClient, topics, expected: int, interval_s: float) -> PartitionWatch:
-    return PartitionWatch(admin, topics, expected, interval_s)

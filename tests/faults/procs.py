@@ -42,7 +42,8 @@ class StageProcess:
     """``python -m stage run --config <yaml>`` as a child process; stdout+stderr go to a file."""
 
     def __init__(self, cfg: StageConfig, workdir: Path, name: str, *, fault: str | None = None,
-                 fault_env_direct: bool = False, arm_file: Path | None = None) -> None:
+                 fault_env_direct: bool = False, arm_file: Path | None = None,
+                 log_level: str = "INFO") -> None:
         """``fault``: a crash point ``<point>:<n>``. By default it is armed through
         tests/faults/launch.py (which can also arm the fault on a trigger file);
         ``fault_env_direct=True`` sets that variable for ``python -m stage run`` itself;
@@ -54,14 +55,16 @@ class StageProcess:
                if not k.startswith(ENV_PREFIX) and k != "KAFKA_BOOTSTRAP_SERVERS"}
         env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
         env["PYTHONUNBUFFERED"] = "1"
-        command = [sys.executable, "-m", "stage", "run", "--config", str(self.config_path)]
+        command = [sys.executable, "-m", "stage", "run", "--config", str(self.config_path),
+                   "--log-level", log_level]
         if fault and fault_env_direct:
             env[FAULT_ENV] = fault
         elif fault:
             env["STAGE_TEST_FAULT"] = fault
             if arm_file is not None:
                 env["STAGE_TEST_FAULT_ARM_FILE"] = str(arm_file)
-            command = [sys.executable, "-m", "tests.faults.launch", "--config", str(self.config_path)]
+            command = [sys.executable, "-m", "tests.faults.launch", "--config", str(self.config_path),
+                       "--log-level", log_level]
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
             command,
