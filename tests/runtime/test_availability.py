@@ -69,7 +69,7 @@ def test_an_unanswered_question_makes_the_partition_unavailable_until_it_settles
     p.poll()
     assert not p.available(*R) and p.why_unavailable(*R) == "Local: Timed out"
     assert p.note_position(*R, 5) == 3000      # the claim before the failure stands, no new one
-    for t in range(7100, 12200, 1000):         # answers again: 3 s of answers before a new claim
+    for t in range(7100, 11200, 1000):         # answers again: 3 s of answers before a new claim
         clock.t = t
         p.poll()
         q.answer(7)
