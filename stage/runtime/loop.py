@@ -128,7 +128,9 @@ class StageRuntime:
         self.pool = ThreadPoolExecutor(cfg.finalize_workers, thread_name_prefix="finalize")
         # One transaction at a time, off the loop thread: (future, outputs, batch) or None.
         self.publish_pool = ThreadPoolExecutor(1, thread_name_prefix="publish")
-        self.loader_pool = ThreadPoolExecutor(2, thread_name_prefix="ledger")
+        # A load may wait out a stalled replica's open transaction: enough threads that one such
+        # partition does not hold up the others' loads.
+        self.loader_pool = ThreadPoolExecutor(8, thread_name_prefix="ledger")
         self._flight = None
         self._topology = None
         self.health = None
@@ -274,7 +276,6 @@ class StageRuntime:
         buffer = self.buffers.get(partition)
         if buffer is None:
             return  # revoked while the message was in flight
-        self.stats.inc("records_consumed", topic=topic)
         ts_type, ts = msg.timestamp()
         position = Position(topic, partition, offset, ts if ts_type and ts > 0 else now_ms)
         value = msg.value()
@@ -287,7 +288,7 @@ class StageRuntime:
             make = receipt_item if receipts else staged_item
             item = make(record, position, len(value), self.limits)
             check_routing(msg.key(), item.group_id, partition, self.partitions)
-        except SchemaNotCached as pending:
+        except SchemaNotCached as pending:   # not consumed: read again once the id is resolved
             self._put_back(msg)
             self.pauses.hold(partition, REGISTRY)
             self.resolver.request(codec, pending.schema_id, partition)
@@ -302,6 +303,7 @@ class StageRuntime:
             self._reject(msg, buffer, position, error,
                          UNDECODABLE if value is None else INVALID)
             return
+        self.stats.inc("records_consumed", topic=topic)
         outcome = buffer.add_receipt(item, now_ms) if receipts else buffer.add_staged(item, now_ms)
         if outcome == CONFLICT:  # well-formed but contradicts its group: keep it, visibly
             self._reject(msg, None, position, DecodeError(buffer.last_conflict), CONFLICT_CLASS)
@@ -326,6 +328,8 @@ class StageRuntime:
         """Dead-letter a record once: after a restart, records at or below the partition's
         dead-letter watermark (from the ledger) were dead-lettered already."""
         topic, partition, offset = position.topic, position.partition, position.offset
+        if buffer is not None:   # (a conflict was counted when the buffer took it)
+            self.stats.inc("records_consumed", topic=topic)
         if buffer is not None:
             buffer.skip(topic, offset, position.timestamp_ms)
         watermarks = self.dl_watermarks.setdefault(partition, {})

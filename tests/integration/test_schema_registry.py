@@ -76,6 +76,9 @@ def test_a_registry_outage_holds_good_records_and_dead_letters_nothing(kafka, re
         stage.wait(lambda: stats.total("groups_published") >= 1, 60, "publication after the outage")
         stage.wait(lambda: runtime.ready, 30, "ready again")
         assert stats.gauges["schema_registry_unavailable"] == 0.0
+        # records put back while the registry was down are counted once, when consumed
+        assert stats.count("records_consumed", topic=topics.receipts) == len(spec.receipts)
+        assert stats.count("records_consumed", topic=topics.staged_calls) == len(spec.staged)
     (summary,) = [SUMMARY.decode(m.value()[5:]) for m in read_all(kafka.bootstrap, topics.finalized_groups)]
     assert summary["group_id"] == "during"
     assert summary["outcome"] == "complete" and summary["valid_rows"] == 2
