@@ -50,8 +50,11 @@ def staged_call_value(group_id: str, row: StagedRow) -> dict:
         "media": None, "topk": None,
     }
     if row.media is not None:
-        value["media"] = {"imgs": pack_tensor(row.media.imgs), "imgs_sizes": pack_tensor(row.media.imgs_sizes),
-                          "num_frames": None if row.media.num_frames is None else pack_tensor(row.media.num_frames)}
+        media = row.media
+        value["media"] = {
+            "imgs": pack_tensor(media.pixels() if media.bfloat16 else media.imgs),
+            "imgs_sizes": pack_tensor(media.imgs_sizes),
+            "num_frames": None if media.num_frames is None else pack_tensor(media.num_frames)}
     if row.topk is not None:
         value["topk"] = {"ids": pack_tensor(row.topk.ids), "logprobs": pack_tensor(row.topk.logprobs)}
     return value

@@ -89,7 +89,8 @@ def _media(obj, limits: InputLimits) -> StagedMedia | None:
                           field="media.imgs_sizes")
     frames = None if obj.get("num_frames") is None else unpack_tensor(
         obj["num_frames"], expect_dtypes=("int32",), expect_ndim=1, field="media.num_frames")
-    return StagedMedia(imgs=imgs, imgs_sizes=sizes, num_frames=frames)
+    return StagedMedia(imgs=imgs, imgs_sizes=sizes, num_frames=frames,
+                       bfloat16=obj["imgs"]["dtype"] == "bfloat16")
 
 
 def _topk(obj, limits: InputLimits) -> TopK | None:

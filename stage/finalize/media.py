@@ -3,7 +3,9 @@
 NeMo RL section 6. A staged call carries only media new to that call: ``imgs``
 ``[1, total_patches, 3*P*P]`` (float16/bfloat16/float32), ``imgs_sizes`` ``[N, 2]`` int32 (h, w)
 and optionally ``num_frames`` ``[N_videos]`` int32. Arrays are numpy here; tensorization moves
-them to torch.
+them to torch. numpy has no bfloat16: bfloat16 pixels are held as their uint16 bit patterns
+with ``bfloat16=True`` (``StagedMedia.of`` builds that from a torch tensor) and become
+``torch.bfloat16`` again when tensorized.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 _PIXEL_DTYPES = ("float16", "float32", "bfloat16")
 _I32_MAX = np.iinfo(np.int32).max
@@ -21,10 +24,34 @@ class StagedMedia:
     imgs: np.ndarray                 # [1, total_patches, 3*P*P]
     imgs_sizes: np.ndarray           # [N, 2] int32
     num_frames: np.ndarray | None = None  # [N_videos] int32, videos only
+    bfloat16: bool = False           # imgs holds bfloat16 bit patterns as uint16
+
+    @classmethod
+    def of(cls, imgs, imgs_sizes, num_frames=None) -> StagedMedia:
+        """From numpy arrays or torch tensors (a torch.bfloat16 ``imgs`` keeps its dtype)."""
+        bf16 = isinstance(imgs, torch.Tensor) and imgs.dtype == torch.bfloat16
+        if bf16:
+            imgs = imgs.detach().cpu().contiguous().view(torch.int16).numpy().view(np.uint16)
+        return cls(imgs=_numpy(imgs), imgs_sizes=_numpy(imgs_sizes),
+                   num_frames=None if num_frames is None else _numpy(num_frames), bfloat16=bf16)
 
     @property
     def has_frames(self) -> bool:
         return self.num_frames is not None
+
+    @property
+    def pixel_dtype(self) -> str:
+        """The pixels' wire dtype name."""
+        return "bfloat16" if self.bfloat16 else str(self.imgs.dtype)
+
+    def pixels(self) -> torch.Tensor:
+        """``imgs`` as a private torch tensor in its real dtype (bfloat16 restored)."""
+        t = torch.from_numpy(np.array(self.imgs, copy=True))
+        return t.view(torch.bfloat16) if self.bfloat16 else t
+
+
+def _numpy(value) -> np.ndarray:
+    return value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
 
 
 def validate_media(media: StagedMedia, patch_size: int) -> None:
@@ -35,8 +62,10 @@ def validate_media(media: StagedMedia, patch_size: int) -> None:
     if imgs.shape[2] != 3 * patch_size * patch_size:
         raise ValueError(f"media patches must be square RGB {patch_size}x{patch_size}, "
                          f"got feature width {imgs.shape[2]}")
-    if str(imgs.dtype) not in _PIXEL_DTYPES:
-        raise ValueError(f"media pixel dtype must be one of {_PIXEL_DTYPES}, got {imgs.dtype}")
+    if media.bfloat16 and imgs.dtype != np.uint16:
+        raise ValueError(f"media bfloat16 pixels must be held as uint16 bit patterns, got {imgs.dtype}")
+    if media.pixel_dtype not in _PIXEL_DTYPES:
+        raise ValueError(f"media pixel dtype must be one of {_PIXEL_DTYPES}, got {media.pixel_dtype}")
     if sizes.ndim != 2 or sizes.shape[1] != 2 or sizes.shape[0] == 0 or sizes.dtype.kind not in "iu":
         raise ValueError(f"media imgs_sizes must be [N>0, 2] integers, got {tuple(sizes.shape)}")
     if (sizes <= 0).any() or (sizes > _I32_MAX).any():
@@ -60,7 +89,7 @@ def concat_media(parts: list[StagedMedia]) -> StagedMedia:
         raise ValueError("media chain is empty")
     if len(parts) == 1:
         return parts[0]
-    dtypes = {str(p.imgs.dtype) for p in parts}
+    dtypes = {p.pixel_dtype for p in parts}
     if len(dtypes) > 1:
         raise ValueError(f"media chain mixes pixel dtypes {sorted(dtypes)}")
     widths = {int(p.imgs.shape[2]) for p in parts}
@@ -73,12 +102,13 @@ def concat_media(parts: list[StagedMedia]) -> StagedMedia:
     return StagedMedia(
         imgs=np.concatenate([p.imgs for p in parts], axis=1),
         imgs_sizes=np.concatenate([p.imgs_sizes for p in parts], axis=0),
-        num_frames=frames)
+        num_frames=frames, bfloat16=parts[0].bfloat16)
 
 
 def trainer_media(media: StagedMedia) -> dict[str, np.ndarray]:
-    """One logical row of trainer media: pixel_values (leading 1 squeezed), imgs_sizes,
-    num_frames (given, else one frame per still)."""
+    """One logical row of trainer media: pixel_values (leading 1 squeezed; bfloat16 as its
+    uint16 bits, see ``media.bfloat16``), imgs_sizes, num_frames (given, else one frame per
+    still)."""
     frames = media.num_frames if media.num_frames is not None else np.ones(
         media.imgs_sizes.shape[0], dtype=np.int32)
     return {"pixel_values": media.imgs[0], "imgs_sizes": media.imgs_sizes.astype(np.int32),

@@ -16,7 +16,7 @@ from stage.finalize import (
     pad_group,
     pad_group_media,
 )
-from stage.finalize.source import TopK
+from stage.finalize.source import StagedMedia, TopK
 from tests.finalize.factory import (
     PATCH,
     TOPK,
@@ -290,3 +290,32 @@ def test_group_metrics_of_the_mixed_media_group_do_not_depend_on_the_receipt_for
         if not key.startswith("row_assembly/"):
             assert as_text[key] == value, key
     assert as_text["finalize/token_in_rate"] == pytest.approx(5 / 8)
+
+
+def test_bfloat16_pixels_stay_bfloat16_through_the_chain():
+    """numpy has no bfloat16: StagedMedia carries the bit patterns and the row gets bfloat16."""
+    def bf16_image(patches, value):
+        pixels = torch.full((1, patches, 3 * PATCH * PATCH), value, dtype=torch.bfloat16)
+        return StagedMedia.of(pixels, np.array([[PATCH, PATCH * patches]], dtype=np.int32))
+
+    source = InMemoryTokenSource()
+    staged = stage_rollout(source, "a", media_specs(c1=bf16_image(2, 0.5), c2=bf16_image(1, -1.25)),
+                           terminal="c2")
+    out = Group().add("a", staged.receipt_json()).add("b", None).run(
+        Reassembler(source, ReassemblyConfig(**MEDIA_CONFIG)))
+    valid, placeholder = out.rows
+    assert valid.valid, valid.rejection_reason
+    assert valid.media["pixel_values"].dtype == torch.bfloat16
+    assert valid.media["pixel_values"][:, 0].tolist() == [0.5, 0.5, -1.25]
+    assert placeholder.media["pixel_values"].dtype == torch.bfloat16
+    assert pad_group(out)["pixel_values"].dtype == torch.bfloat16
+
+
+def test_chain_mixing_bfloat16_and_float16_pixels_is_rejected():
+    source = InMemoryTokenSource()
+    bf16 = StagedMedia.of(torch.zeros(1, 1, 3 * PATCH * PATCH, dtype=torch.bfloat16),
+                          np.array([[PATCH, PATCH]], dtype=np.int32))
+    staged = stage_rollout(source, "a", media_specs(c1=image(1, dtype=np.float16), c2=bf16), terminal="c2")
+    row = Reassembler(source, ReassemblyConfig(**MEDIA_CONFIG)).finalize_rollout(
+        "a", staged.receipt_json(), reward=0.0)
+    assert not row.valid and "bfloat16" in row.rejection_reason and "float16" in row.rejection_reason

@@ -4,6 +4,7 @@ the trainer-side reader: one logical media row per sample (empty for the text ro
 placeholder) and padded tensors equal to pad_group of the library's recomputation."""
 
 import numpy as np
+import pytest
 import torch
 
 from stage.client import CanonicalReader, receipt_event, staged_call_from_record
@@ -22,21 +23,21 @@ SUMMARY = AvroCodec("GroupSummary")
 CLIENT = {"session.timeout.ms": 6000, "heartbeat.interval.ms": 500, "fetch.wait.max.ms": 20}
 
 
-def _image(patches: int, value: float) -> StagedMedia:
-    return StagedMedia(imgs=np.full((1, patches, WIDTH), value, dtype=np.float16),
-                       imgs_sizes=np.array([[P, P * patches]], dtype=np.int32))
+def _image(patches: int, value: float, dtype: torch.dtype) -> StagedMedia:
+    return StagedMedia.of(torch.full((1, patches, WIDTH), value, dtype=dtype),
+                          np.array([[P, P * patches]], dtype=np.int32))
 
 
-def _video(frames: int, value: float) -> StagedMedia:
-    return StagedMedia(imgs=np.full((1, frames, WIDTH), value, dtype=np.float16),
-                       imgs_sizes=np.array([[P, P]] * frames, dtype=np.int32),
-                       num_frames=np.array([frames], dtype=np.int32))
+def _video(frames: int, value: float, dtype: torch.dtype) -> StagedMedia:
+    return StagedMedia.of(torch.full((1, frames, WIDTH), value, dtype=dtype),
+                          np.array([[P, P]] * frames, dtype=np.int32), np.array([frames], dtype=np.int32))
 
 
-def media_group(group_id: str) -> tuple[GroupSpec, dict]:
+def media_group(group_id: str, dtype: torch.dtype = torch.float16) -> tuple[GroupSpec, dict]:
     """Two-call rollouts; media rides on the root call (and on the child for the video)."""
     rng = np.random.default_rng(3)
-    media = {0: (_image(2, 0.5), None), 1: (None, None), 2: (_video(2, 0.25), _video(3, 0.75)), 3: (None, None)}
+    media = {0: (_image(2, 0.5, dtype), None), 1: (None, None),
+             2: (_video(2, 0.25, dtype), _video(3, 0.75, dtype)), 3: (None, None)}
     spec, staged_media = GroupSpec(group_id, [], []), {}
     for i in range(4):
         builder = RolloutBuilder(f"{group_id}-r{i}")
@@ -67,12 +68,14 @@ def recompute(spec: GroupSpec, staged_media: dict, config: ReassemblyConfig):
         [r["reward"] for r in spec.receipts], mask_sample=[False] * 4, fallback_weight_version=0, prompt_idx=9)
 
 
-def test_mixed_media_group_reaches_the_trainer_with_one_logical_row_per_sample(kafka):
+# bfloat16 has no numpy dtype: it crosses the wire as bit patterns and must come back bfloat16.
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
+def test_mixed_media_group_reaches_the_trainer_with_one_logical_row_per_sample(kafka, dtype):
     topics = unique_topics()
     finalize = ReassemblyConfig(capture_media=True, media_patch_size=P)
     cfg = stage_config(kafka.bootstrap, topics, finalize=finalize)
     setup_topics(cfg, partitions=2)
-    spec, staged_media = media_group("vlm")
+    spec, staged_media = media_group("vlm", dtype)
     feeder = Feeder(kafka.bootstrap, topics)
     feeder.staged(spec)
     feeder.receipts(spec)
@@ -95,7 +98,7 @@ def test_mixed_media_group_reaches_the_trainer_with_one_logical_row_per_sample(k
     assert ours.keys() == theirs.keys()
     for name, tensor in theirs.items():
         assert ours[name].dtype == tensor.dtype and torch.equal(ours[name], tensor), name
-    assert ours["pixel_values"].dtype == torch.float16
+    assert ours["pixel_values"].dtype == dtype
     assert ours["pixel_values"][:, 0].tolist() == [0.5] * 2 + [0.25] * 2 + [0.75] * 3
     assert ours["num_frames"].tolist() == [1, 2, 3]
     assert ours["pixel_values__row_counts"].tolist() == [2, 0, 5, 0]
