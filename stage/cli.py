@@ -64,8 +64,12 @@ def _add_runtime_parsers(commands) -> None:
                         help="min.insync.replicas of every topic (at most --replication)")
     create.add_argument("--max-message-bytes", type=at_least(1), default=DEFAULT_MAX_MESSAGE_BYTES,
                         help="max.message.bytes of the data topics (above the stage's max_record_bytes)")
-    check = add_parser(topics_cmd, "check", "check that the topics exist and are co-partitioned")
+    check = add_parser(topics_cmd, "check", "check that the topics exist and are co-partitioned; "
+                       "warn about replication, min ISR and ledger compaction")
     _add_config_options(check)
+    check.add_argument("--require-durable", action="store_true",
+                       help="exit 1 when a topic has replication < 3, min.insync.replicas < 2 or a "
+                            "ledger that is not compacted (default: warn only)")
 
 
 def _add_config_options(sub: argparse.ArgumentParser) -> None:
@@ -144,7 +148,9 @@ def _runtime_command(args) -> int:
     from confluent_kafka.admin import AdminClient
 
     from stage.runtime.logs import apply_rejection_log_level
-    from stage.runtime.topics import TopologyError, check_copartitioning, create_topics
+    from stage.runtime.topics import (
+        TopologyError, check_copartitioning, create_topics, durability_warnings,
+    )
     logging.basicConfig(level=getattr(args, "log_level", "INFO"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -164,6 +170,15 @@ def _runtime_command(args) -> int:
                                         max_message_bytes=args.max_message_bytes)
                 print("created: " + (", ".join(created) if created else "nothing (all exist)"))
             print(f"ok: {check_copartitioning(admin, cfg)} partitions per topic")
+            weak = durability_warnings(admin, cfg)
+            for line in weak:
+                print(f"warning: {line}", file=sys.stderr)
+            if weak:
+                print("warning: fine for a single development broker; in production a committed "
+                      "transaction can be lost with one broker (recreate the topics, or raise "
+                      "min.insync.replicas with kafka-configs.sh)", file=sys.stderr)
+                if getattr(args, "require_durable", False):
+                    return 1
             return 0
         except TopologyError as error:
             print(f"topology error: {error}", file=sys.stderr)

@@ -12,7 +12,7 @@ from confluent_kafka.admin import AdminClient
 
 from stage.runtime import exits
 from stage.runtime.config import StageConfig
-from stage.runtime.topics import TopologyError, check_copartitioning
+from stage.runtime.topics import TopologyError, check_copartitioning, durability_warnings
 from stage.wire import WireError
 
 logger = logging.getLogger(__name__)
@@ -33,9 +33,15 @@ def connect_admin(cfg: StageConfig, timeout_s: float = 15.0) -> tuple[AdminClien
             "run and are reachable from here, and the security settings under `kafka:` "
             "(security.protocol, sasl.*, ssl.*) if the listener needs them.")) from None
     try:
-        return admin, check_copartitioning(admin, cfg)
+        partitions = check_copartitioning(admin, cfg)
     except TopologyError as error:
         raise exits.StageExit(exits.EXIT_TOPOLOGY, f"refusing to start: {error}") from None
+    try:
+        for line in durability_warnings(admin, cfg, timeout_s):
+            logger.warning("topic durability below production needs: %s", line)
+    except KafkaException as error:   # a report only: the layout itself is fine
+        logger.warning("could not read topic configs for the durability report: %s", error)
+    return admin, partitions
 
 
 def probe_device(spec: str) -> None:

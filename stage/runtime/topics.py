@@ -114,6 +114,36 @@ def _differences(admin: AdminClient, specs: list[NewTopic], metadata: dict, time
     return out
 
 
+def durability_warnings(admin: AdminClient, cfg: StageConfig, timeout: float = 10.0) -> list[str]:
+    """What makes the stage's exactly-once weaker than production needs, one line per topic:
+    fewer than DEFAULT_REPLICATION replicas or min.insync.replicas below
+    DEFAULT_MIN_INSYNC_REPLICAS (a committed transaction can be lost with one broker), and a
+    ledger that is not compacted (its entries expire with retention). Right for a single
+    development broker; a warning, not a refusal."""
+    roles = {role: getattr(cfg.topics, role) for role in (*COPARTITIONED, "dead_letter")}
+    metadata = admin.list_topics(timeout=timeout).topics
+    present = {role: name for role, name in roles.items() if name in metadata}
+    resources = {name: ConfigResource(ConfigResource.Type.TOPIC, name) for name in present.values()}
+    futures = admin.describe_configs(list(resources.values()), request_timeout=timeout) if resources else {}
+    out = []
+    for role, name in present.items():
+        replicas = min((len(p.replicas) for p in metadata[name].partitions.values()), default=0)
+        configs = futures[resources[name]].result(timeout=timeout)
+        min_isr = int(configs["min.insync.replicas"].value) if "min.insync.replicas" in configs else 1
+        weak = []
+        if replicas < DEFAULT_REPLICATION:
+            weak.append(f"replication factor {replicas} (< {DEFAULT_REPLICATION})")
+        if min_isr < DEFAULT_MIN_INSYNC_REPLICAS:
+            weak.append(f"min.insync.replicas {min_isr} (< {DEFAULT_MIN_INSYNC_REPLICAS})")
+        if role == "stage_ledger" and "cleanup.policy" in configs \
+                and "compact" not in configs["cleanup.policy"].value:
+            weak.append(f"cleanup.policy {configs['cleanup.policy'].value} (ledger entries expire "
+                        "with retention; want compact)")
+        if weak:
+            out.append(f"{role} ({name}): " + ", ".join(weak))
+    return out
+
+
 def _wait_visible(admin: AdminClient, names: list[str], partitions: int, timeout: float) -> None:
     """Creation returns before every broker's metadata has the topics; a consumer assigned a
     partition it cannot see yet does not fetch it for a while, so wait until all have leaders."""

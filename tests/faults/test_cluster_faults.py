@@ -20,7 +20,7 @@ import pytest
 from confluent_kafka.admin import AdminClient
 
 from stage.finalize import ReassemblyConfig
-from stage.runtime.topics import create_topics
+from stage.runtime.topics import create_topics, durability_warnings
 from stage.wire import AvroCodec
 from tests.faults.procs import StageProcess, SummaryWatcher, assert_exactly_once, read_outputs
 from tests.integration.harness import (
@@ -45,7 +45,9 @@ def cluster():
 def _topics(cluster, **overrides):
     topics = unique_topics()
     cfg = stage_config(cluster.bootstrap, topics, **overrides)
-    create_topics(AdminClient({"bootstrap.servers": cluster.bootstrap}), cfg, partitions=1, replication=3)
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+    create_topics(admin, cfg, partitions=1, replication=3)
+    assert durability_warnings(admin, cfg) == []      # the production defaults are durable
     return cfg, topics
 
 

@@ -4,12 +4,12 @@ import time
 
 import pytest
 import yaml
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic
 
 from stage.cli import main
 from stage.runtime.exits import EXIT_TOPOLOGY, StageExit
 from stage.runtime.loop import StageRuntime
-from stage.runtime.topics import TopologyError, check_copartitioning, create_topics
+from stage.runtime.topics import TopologyError, check_copartitioning, create_topics, durability_warnings
 from tests.integration.harness import ONE_BROKER, stage_config, unique_topics
 
 
@@ -73,3 +73,29 @@ def test_topics_create_refuses_existing_topics_that_differ(kafka, tmp_path, caps
     # the production defaults (3 replicas, min ISR 2) cannot be what a single broker's topics have
     assert main(["topics", "create", "--config", str(config), "--partitions", "2"]) == 1
     assert f"{topics.receipts} has replication factor 1, asked 3" in capsys.readouterr().err
+
+
+def test_topics_check_warns_about_weak_durability_and_can_require_it(kafka, tmp_path, capsys):
+    topics = unique_topics()
+    cfg = stage_config(kafka.bootstrap, topics)
+    admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
+    create_topics(admin, cfg, partitions=2, **ONE_BROKER)
+    ledger = ConfigResource(ConfigResource.Type.TOPIC, topics.stage_ledger, incremental_configs=[
+        ConfigEntry("cleanup.policy", "delete", incremental_operation=AlterConfigOpType.SET)])
+    for future in admin.incremental_alter_configs([ledger]).values():
+        future.result()
+    config = tmp_path / "stage.yaml"
+    config.write_text(yaml.safe_dump({"topics": topics.all(), "bootstrap_servers": kafka.bootstrap}))
+    deadline = time.monotonic() + 30     # an altered config reaches describe_configs shortly after
+    while "delete" not in "".join(durability_warnings(admin, cfg)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+    assert main(["topics", "check", "--config", str(config)]) == 0
+    captured = capsys.readouterr()
+    assert "ok: 2 partitions per topic" in captured.out
+    assert f"warning: receipts ({topics.receipts}): replication factor 1 (< 3), " \
+           "min.insync.replicas 1 (< 2)" in captured.err
+    assert f"stage_ledger ({topics.stage_ledger}): replication factor 1 (< 3), min.insync.replicas 1 " \
+           "(< 2), cleanup.policy delete" in captured.err
+    assert captured.err.count("warning: ") == 8          # seven topics and the advice
+    assert main(["topics", "check", "--config", str(config), "--require-durable"]) == 1
