@@ -196,6 +196,11 @@ def _runtime_command(args) -> int:
     except StageExit as error:
         logging.getLogger("stage").error("stopping (exit %d): %s", error.code, error)
         print(f"rollout-reassembler: {error}", file=sys.stderr)
+        if error.abandon_threads:   # a thread stuck in the Kafka client would block the exit
+            logging.shutdown()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(error.code)
         return error.code
     return 0
 

@@ -84,7 +84,8 @@ class StageConfig(ConfigModel):
     transaction_timeout_ms: Int = Field(
         120_000, ge=1000, le=KAFKA_MAX_TRANSACTION_TIMEOUT_MS,
         description="producer `transaction.timeout.ms`; at most the brokers' "
-                    "`transaction.max.timeout.ms` (Kafka's default 900000)")
+                    "`transaction.max.timeout.ms` (Kafka's default 900000). A transaction still "
+                    "running 15 s past it is stuck in the client: the stage exits 8")
     max_poll_interval_ms: Int = Field(
         600_000, ge=1, le=86_400_000, description="consumer `max.poll.interval.ms`; must exceed "
                                                   "`revoke_budget_ms + transaction_timeout_ms`")

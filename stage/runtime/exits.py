@@ -18,9 +18,12 @@ EXIT_SCHEMA_REGISTRY = 9     # the stage's own output schemas could not be regis
 class StageExit(RuntimeError):
     """Stop the stage with ``code``; ``str()`` is the paragraph printed for the operator."""
 
-    def __init__(self, code: int, message: str) -> None:
+    def __init__(self, code: int, message: str, *, abandon_threads: bool = False) -> None:
         super().__init__(message)
         self.code = code
+        # A thread is stuck inside the Kafka client: shut down without waiting for it, and
+        # end the process without joining it (the CLI uses os._exit).
+        self.abandon_threads = abandon_threads
 
 
 def fenced(transactional_id: str, detail: str) -> StageExit:
@@ -38,3 +41,16 @@ def kafka_fatal(detail: str) -> StageExit:
         f"fatal Kafka client error: {detail}. The stage stopped; nothing past the last "
         "committed transaction was published or committed, so a restart resumes from there. "
         "If it repeats, check the brokers' logs and the client settings named in the error."))
+
+
+def publish_stalled(seconds: float, transactional_id: str) -> StageExit:
+    return StageExit(EXIT_KAFKA_FATAL, (
+        f"a Kafka transaction has not completed in {seconds:.0f}s, past the transaction timeout, "
+        "so the brokers have aborted it already. This is how librdkafka's transactional calls "
+        "hang after the group coordinator's broker restarted (librdkafka issues #5511 and #5456: "
+        "send_offsets_to_transaction waits forever on a decommissioned coordinator). The stage "
+        "stopped without waiting for the stuck call; nothing past the last committed transaction "
+        "was published or committed, and the restarted process (the same transactional.id "
+        f"{transactional_id!r} fences this one) resumes from there. Restart it (Kubernetes and "
+        "compose do); if it repeats without broker restarts, check the brokers' logs."),
+        abandon_threads=True)

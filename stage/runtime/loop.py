@@ -120,6 +120,7 @@ class StageRuntime(IntakeSteps, DeadlineSteps, PublicationSteps, AssignmentSteps
         # partition does not hold up the others' loads.
         self.loader_pool = ThreadPoolExecutor(8, thread_name_prefix="ledger")
         self._flight = None
+        self._flight_started = 0.0
         self._topology = None
         self.health = None
 
@@ -197,14 +198,17 @@ class StageRuntime(IntakeSteps, DeadlineSteps, PublicationSteps, AssignmentSteps
         except (StageFatal, exits.StageExit, KafkaException) as error:
             logger.error("shutdown could not publish what was finished: %s", error)
         finally:
+            # A publication stuck inside the Kafka client is abandoned, not waited for.
+            stuck = self._fatal is not None and self._fatal.abandon_threads
             self.pool.shutdown(wait=False, cancel_futures=True)
             self.loader_pool.shutdown(wait=False, cancel_futures=True)
-            self.publish_pool.shutdown(wait=True)
+            self.publish_pool.shutdown(wait=not stuck)
             if self.resolver is not None:
                 self.resolver.close()
             if self.queries is not None:
                 self.queries.close()
-            self.publisher.close()
+            if not stuck:
+                self.publisher.close()
             self.consumer = None
             if self.health is not None:
                 self.health.stop()
@@ -218,6 +222,8 @@ class StageRuntime(IntakeSteps, DeadlineSteps, PublicationSteps, AssignmentSteps
                     self.stats.total("groups_published"), self.stats.total("transactions_committed"),
                     self.stats.total("transactions_aborted"), unpublished,
                     {f"{t}[{p}]": o for (t, p), o in sorted(self.committed.items())} or "unchanged")
+        if self._fatal is not None and self._fatal.abandon_threads:
+            raise self._fatal      # also after a SIGTERM: the caller must not join the stuck thread
 
     # -- one iteration ---------------------------------------------------------------------
     def step(self) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import TimeoutError as FuturesTimeout
 
 from confluent_kafka import TopicPartition
 
@@ -17,6 +18,9 @@ from stage.runtime.pauses import HALTED
 from stage.runtime.worker import Outputs, finalize_and_encode
 
 logger = logging.getLogger("stage.runtime.loop")
+
+# Kafka's transaction.abort.timed.out.transaction.cleanup.interval.ms (10 s) and a margin.
+_ABORT_SWEEP_S = 15.0
 
 
 class PublicationSteps:
@@ -64,6 +68,7 @@ class PublicationSteps:
         everything finished now and wait (shutdown, revoke)."""
         if self._flight is not None:
             if not (force or self._flight[0].done()):
+                self._check_stall()
                 return
             self._land(*self._flight)
         while True:
@@ -72,6 +77,7 @@ class PublicationSteps:
                 return
             future = self.publish_pool.submit(self._timed_publish, batch[1])
             self._flight = (future, *batch)
+            self._flight_started = time.monotonic()
             if not force:
                 return
             self._land(*self._flight)
@@ -120,11 +126,30 @@ class PublicationSteps:
         self.publisher.publish(batch, self.consumer)
         return time.monotonic() - started
 
+    def _stall_limit_s(self) -> float:
+        """Past the transaction timeout (plus the brokers' abort sweep) a publication can no
+        longer commit: the brokers abort it. A call still running then is stuck, not slow."""
+        return self.cfg.transaction_timeout_ms / 1000 + _ABORT_SWEEP_S
+
+    def _check_stall(self) -> None:
+        age = time.monotonic() - self._flight_started
+        if age > self._stall_limit_s():
+            self._stalled(age)
+
+    def _stalled(self, age: float) -> None:
+        logger.error("publication stuck for %.0fs in the Kafka client; stopping", age)
+        self._fatal = exits.publish_stalled(age, self.cfg.effective_transactional_id)
+        raise self._fatal
+
     def _land(self, future, outputs, batch) -> None:
         """Apply a finished publication: mark its groups published, or rewind after an abort."""
+        try:
+            seconds = future.result(timeout=max(
+                0.0, self._flight_started + self._stall_limit_s() - time.monotonic()))
+        except FuturesTimeout:
+            self._stalled(time.monotonic() - self._flight_started)
         self._flight = None
         try:
-            seconds = future.result()
             self.publisher.commit_offsets(batch, self.consumer)  # at-least-once only
         except PublishAborted as error:
             logger.warning("publication aborted (%s); rewinding to the committed offsets", error)
