@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
-from concurrent.futures import TimeoutError as FuturesTimeout
+from concurrent.futures import wait
 
 from confluent_kafka import TopicPartition
 
@@ -143,13 +143,12 @@ class PublicationSteps:
 
     def _land(self, future, outputs, batch) -> None:
         """Apply a finished publication: mark its groups published, or rewind after an abort."""
-        try:
-            seconds = future.result(timeout=max(
-                0.0, self._flight_started + self._stall_limit_s() - time.monotonic()))
-        except FuturesTimeout:
+        if not wait([future], timeout=max(0.0, self._flight_started + self._stall_limit_s()
+                                          - time.monotonic())).done:
             self._stalled(time.monotonic() - self._flight_started)
         self._flight = None
         try:
+            seconds = future.result()
             self.publisher.commit_offsets(batch, self.consumer)  # at-least-once only
         except PublishAborted as error:
             logger.warning("publication aborted (%s); rewinding to the committed offsets", error)

@@ -1,0 +1,65 @@
+"""A publication that never returns from the Kafka client (librdkafka #5511: send_offsets_to_
+transaction after a broker restart) stops the stage with exit 8 once the transaction is past its
+timeout, without waiting for the stuck thread; a slow one that finishes in time lands normally.
+No broker: the runtime is built but never started."""
+
+import threading
+import time
+from concurrent.futures import Future
+from types import SimpleNamespace
+
+import pytest
+
+from stage.runtime import publication
+from stage.runtime.exits import EXIT_KAFKA_FATAL, StageExit
+from stage.publish import Batch
+from stage.runtime.config import StageConfig
+from stage.runtime.loop import StageRuntime
+
+
+@pytest.fixture
+def runtime(monkeypatch):
+    monkeypatch.setattr(publication, "_ABORT_SWEEP_S", 0.0)
+    rt = StageRuntime(StageConfig(bootstrap_servers="127.0.0.1:1", transaction_timeout_ms=1000))
+    yield rt
+    rt.pool.shutdown(wait=False)
+    rt.loader_pool.shutdown(wait=False)
+    rt.publish_pool.shutdown(wait=False)
+
+
+def _in_flight(rt, started_ago: float) -> Future:
+    future = Future()
+    rt._flight = (future, [], Batch(offsets=[object()]))
+    rt._flight_started = time.monotonic() - started_ago
+    return future
+
+
+def test_a_publication_past_the_transaction_timeout_stops_the_stage(runtime):
+    _in_flight(runtime, 0.2)
+    runtime._publish()                                  # young: the loop goes on
+    assert runtime._fatal is None
+    runtime._flight_started -= 1.0                      # now past transaction_timeout_ms
+    with pytest.raises(StageExit) as stop:
+        runtime._publish()
+    assert stop.value.code == EXIT_KAFKA_FATAL and stop.value.abandon_threads
+    assert "has not completed in 1s" in str(stop.value) and "#5511" in str(stop.value)
+    assert runtime._fatal is stop.value                 # shutdown skips publishing and joining
+
+
+def test_a_forced_publish_waits_only_until_the_limit(runtime):
+    _in_flight(runtime, 0.5)
+    started = time.monotonic()
+    with pytest.raises(StageExit):
+        runtime._publish(force=True)                    # shutdown or revoke: bounded wait
+    assert time.monotonic() - started < 2.0
+
+
+def test_a_slow_publication_that_finishes_in_time_lands(runtime, monkeypatch):
+    future = _in_flight(runtime, 0.0)
+    landed = []
+    runtime.publisher = SimpleNamespace(commit_offsets=lambda batch, consumer: None)
+    monkeypatch.setattr(runtime, "_remember_committed", lambda offsets: landed.append(offsets))
+    threading.Timer(0.3, future.set_result, args=(0.3,)).start()
+    monkeypatch.setattr(runtime, "_next_batch", lambda force: None)
+    runtime._publish(force=True)
+    assert runtime._fatal is None and runtime._flight is None and len(landed) == 1
