@@ -47,7 +47,9 @@ def test_a_publication_past_the_transaction_timeout_stops_the_stage(runtime):
 
 
 def test_a_forced_publish_waits_only_until_the_limit(runtime):
-    _in_flight(runtime, 0.5)
+    future = _in_flight(runtime, 0.5)
+    runtime.publisher = SimpleNamespace(commit_offsets=lambda batch, consumer: None)
+    threading.Timer(5.0, future.set_result, args=(5.0,)).start()   # a waiter without a limit fails
     started = time.monotonic()
     with pytest.raises(StageExit):
         runtime._publish(force=True)                    # shutdown or revoke: bounded wait
