@@ -91,8 +91,9 @@ class AssignmentSteps:
         self.stats.inc("rebalances", kind="revoke")
         revoked = {tp.partition for tp in partitions}
         before = self.stats.total("groups_published")
-        self._drain(self.cfg.revoke_budget_ms / 1000, only=revoked)
-        self._publish(force=True)
+        if self._fatal is None:   # after a fatal error nothing more is published: just let go
+            self._drain(self.cfg.revoke_budget_ms / 1000, only=revoked)
+            self._publish(force=True)
         left = sum(self.buffers[p].open_groups for p in revoked if p in self.buffers)
         self._drop(revoked)
         consumer.incremental_unassign(list(partitions) + [
