@@ -29,11 +29,10 @@ def row_counts_key(name: str) -> str:
 def media_tensors(media: StagedMedia, device) -> dict[str, torch.Tensor]:
     """One logical row of trainer media (``trainer_media``) as torch tensors on ``device``."""
     # A private copy: staged arrays may be read-only views of the decoded record's bytes.
-    out = {name: torch.from_numpy(np.array(array, copy=True)).to(device)
-           for name, array in trainer_media(media).items()}
-    if media.bfloat16:  # numpy held the bit patterns; the trainer gets bfloat16 back
-        out["pixel_values"] = out["pixel_values"].view(torch.bfloat16)
-    return out
+    # Pixels come through StagedMedia.pixels(), which restores bfloat16 from its bit patterns.
+    return {name: (media.pixels()[0] if name == "pixel_values"
+                   else torch.from_numpy(np.array(array, copy=True))).to(device)
+            for name, array in trainer_media(media).items()}
 
 
 def empty_like_row(reference: torch.Tensor) -> torch.Tensor:

@@ -126,26 +126,25 @@ class PublicationSteps:
         self.publisher.publish(batch, self.consumer)
         return time.monotonic() - started
 
-    def _stall_limit_s(self) -> float:
+    def _stall_deadline(self) -> float:
         """Past the transaction timeout (plus the brokers' abort sweep) a publication can no
         longer commit: the brokers abort it. A call still running then is stuck, not slow."""
-        return self.cfg.transaction_timeout_ms / 1000 + _ABORT_SWEEP_S
+        return self._flight_started + self.cfg.transaction_timeout_ms / 1000 + _ABORT_SWEEP_S
 
     def _check_stall(self) -> None:
-        age = time.monotonic() - self._flight_started
-        if age > self._stall_limit_s():
-            self._stalled(age)
+        if time.monotonic() > self._stall_deadline():
+            self._stalled()
 
-    def _stalled(self, age: float) -> None:
+    def _stalled(self) -> None:
+        age = time.monotonic() - self._flight_started
         logger.error("publication stuck for %.0fs in the Kafka client; stopping", age)
         self._fatal = exits.publish_stalled(age, self.cfg.effective_transactional_id)
         raise self._fatal
 
     def _land(self, future, outputs, batch) -> None:
         """Apply a finished publication: mark its groups published, or rewind after an abort."""
-        if not wait([future], timeout=max(0.0, self._flight_started + self._stall_limit_s()
-                                          - time.monotonic())).done:
-            self._stalled(time.monotonic() - self._flight_started)
+        if not wait([future], timeout=max(0.0, self._stall_deadline() - time.monotonic())).done:
+            self._stalled()
         self._flight = None
         try:
             seconds = future.result()

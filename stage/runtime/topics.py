@@ -103,15 +103,23 @@ def _differences(admin: AdminClient, specs: list[NewTopic], metadata: dict, time
         if replicas != {spec.replication_factor}:
             out.append(f"{spec.topic} has replication factor {'/'.join(map(str, sorted(replicas)))}, "
                        f"asked {spec.replication_factor}")
-    resources = {s.topic: ConfigResource(ConfigResource.Type.TOPIC, s.topic) for s in specs}
-    futures = admin.describe_configs(list(resources.values()), request_timeout=timeout) if resources else {}
+    configs = _topic_configs(admin, [s.topic for s in specs], timeout)
     for spec in specs:
-        have = futures[resources[spec.topic]].result(timeout=timeout)
+        have = configs[spec.topic]
         for key, want in sorted(spec.config.items()):
             value = have[key].value if key in have else None
             if value != want:
                 out.append(f"{spec.topic} has {key}={value}, asked {want}")
     return out
+
+
+def _topic_configs(admin: AdminClient, names: list[str], timeout: float) -> dict[str, dict]:
+    """Each topic's configs (name -> ConfigEntry), asked in one request."""
+    if not names:
+        return {}
+    resources = {name: ConfigResource(ConfigResource.Type.TOPIC, name) for name in names}
+    futures = admin.describe_configs(list(resources.values()), request_timeout=timeout)
+    return {name: futures[resource].result(timeout=timeout) for name, resource in resources.items()}
 
 
 def durability_warnings(admin: AdminClient, cfg: StageConfig, timeout: float = 10.0) -> list[str]:
@@ -123,12 +131,11 @@ def durability_warnings(admin: AdminClient, cfg: StageConfig, timeout: float = 1
     roles = {role: getattr(cfg.topics, role) for role in (*COPARTITIONED, "dead_letter")}
     metadata = admin.list_topics(timeout=timeout).topics
     present = {role: name for role, name in roles.items() if name in metadata}
-    resources = {name: ConfigResource(ConfigResource.Type.TOPIC, name) for name in present.values()}
-    futures = admin.describe_configs(list(resources.values()), request_timeout=timeout) if resources else {}
+    described = _topic_configs(admin, list(present.values()), timeout)
     out = []
     for role, name in present.items():
         replicas = min((len(p.replicas) for p in metadata[name].partitions.values()), default=0)
-        configs = futures[resources[name]].result(timeout=timeout)
+        configs = described[name]
         min_isr = int(configs["min.insync.replicas"].value) if "min.insync.replicas" in configs else 1
         weak = []
         if replicas < DEFAULT_REPLICATION:

@@ -287,3 +287,40 @@ class Trickle:
         self._stop.set()
         self._thread.join(10)
         self.feeder = None   # release the producer before the broker goes away
+
+
+class Supervisor:
+    """Plays the supervisor (Kubernetes, compose) for the broker-restart tests: a stage that
+    stopped with exit 8 on a stuck publication (librdkafka #5511) is started again, at most
+    ``max_restarts`` times (None: no limit). ``procs``: every process started, in order."""
+
+    def __init__(self, cfg: StageConfig, workdir: Path, max_restarts: int | None = None) -> None:
+        self.cfg, self.workdir, self.max_restarts = cfg, workdir, max_restarts
+        self.procs = [StageProcess(cfg, workdir, "stage")]
+
+    @property
+    def stage(self) -> StageProcess:
+        return self.procs[-1]
+
+    def wait_for(self, watcher: SummaryWatcher, group_ids, timeout: float) -> None:
+        """Until every id in ``group_ids`` has a committed summary, restarting as above."""
+        from stage.runtime.exits import EXIT_KAFKA_FATAL
+        wanted = set(group_ids)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            watcher.poll()
+            if wanted <= set(watcher.seen):
+                return
+            stage = self.stage
+            if not stage.alive():
+                assert stage.returncode == EXIT_KAFKA_FATAL and "has not completed in" in stage.log(), \
+                    f"{stage.name} exited (rc {stage.returncode})\n{stage.tail()}"
+                assert self.max_restarts is None or len(self.procs) <= self.max_restarts, \
+                    "the restarted stage hung again"
+                print(f"{stage.name} stopped on a stuck publication (exit 8); restarting it")
+                self.procs.append(StageProcess(self.cfg, self.workdir, f"restart{len(self.procs)}"))
+        raise AssertionError(f"timed out; missing {sorted(wanted - set(watcher.seen))}\n{self.stage.tail()}")
+
+    def close(self) -> None:
+        for proc in self.procs:
+            proc.close()

@@ -19,9 +19,8 @@ from confluent_kafka.admin import AdminClient
 
 from stage.finalize import ReassemblyConfig
 from stage.kraft import KraftCluster, jars_available
-from stage.runtime.exits import EXIT_KAFKA_FATAL
 from stage.runtime.topics import create_topics
-from tests.faults.procs import StageProcess, SummaryWatcher, assert_exactly_once, read_outputs
+from tests.faults.procs import SummaryWatcher, Supervisor, assert_exactly_once, read_outputs
 from tests.integration.harness import Feeder, make_group, stage_config, unique_topics
 
 N = 4
@@ -36,15 +35,15 @@ pytestmark = [
 
 def test_a_rolling_restart_of_every_broker_loses_and_duplicates_nothing(tmp_path):
     cluster = KraftCluster(3).start()
-    procs: list[StageProcess] = []
+    supervisor = None
     watcher = None
     try:
         topics = unique_topics()
         cfg = stage_config(cluster.bootstrap, topics, finalize=FINALIZE, group_timeout_ms=60_000,
                            publish_linger_ms=100, transaction_timeout_ms=10_000)
         create_topics(AdminClient({"bootstrap.servers": cluster.bootstrap}), cfg, partitions=2, replication=3)
-        stage = StageProcess(cfg, tmp_path, "stage")
-        procs.append(stage)
+        supervisor = Supervisor(cfg, tmp_path)
+        stage = supervisor.stage
         stage.wait_for(lambda: stage.assigned() == {0, 1}, 60, "stage assigned")
         feeder = Feeder(cluster.bootstrap, topics)
         waves = [[make_group(f"w{w}-g{i}", N, seed=10 * w + i) for i in range(4)] for w in range(5)]
@@ -55,43 +54,29 @@ def test_a_rolling_restart_of_every_broker_loses_and_duplicates_nothing(tmp_path
                 feeder.receipts(spec)
             feeder.flush()
 
-        def supervise(wanted, timeout):
-            nonlocal stage
-            deadline = time.monotonic() + timeout
-            while time.monotonic() < deadline:
-                watcher.poll()
-                if set(wanted) <= set(watcher.seen):
-                    return
-                if not stage.alive():
-                    assert stage.returncode == EXIT_KAFKA_FATAL and "has not completed in" in stage.log(), \
-                        stage.tail()
-                    stage = StageProcess(cfg, tmp_path, f"restart{len(procs)}")
-                    procs.append(stage)
-            raise AssertionError(f"missing {sorted(set(wanted) - set(watcher.seen))}\n{stage.tail()}")
-
         watcher = SummaryWatcher(cluster.bootstrap, topics.finalized_groups)
         feed(waves[0])
-        supervise([g.group_id for g in waves[0]], 60)
+        supervisor.wait_for(watcher, [g.group_id for g in waves[0]], 60)
         for wave, node in zip(waves[1:4], cluster.nodes):
             node.stop()                      # controlled shutdown, as a rolling restart does
             feed(wave)
             time.sleep(3)
             node.start()
             cluster.wait_brokers(3, 90)
-            supervise([g.group_id for g in wave], 120)
+            supervisor.wait_for(watcher, [g.group_id for g in wave], 120)
         feed(waves[4])
         everything = [g for wave in waves for g in wave]
-        supervise([g.group_id for g in everything], 120)
-        assert stage.terminate(45) == 0, stage.tail()
-        print(f"rolling restart: {len(procs)} stage process(es)")
+        supervisor.wait_for(watcher, [g.group_id for g in everything], 120)
+        assert supervisor.stage.terminate(45) == 0, supervisor.stage.tail()
+        print(f"rolling restart: {len(supervisor.procs)} stage process(es)")
         assert_exactly_once(read_outputs(cluster.bootstrap, topics), everything, FINALIZE, N)
     except BaseException:
-        for proc in procs:
+        for proc in supervisor.procs if supervisor else ():
             print(proc.tail(60))
         raise
     finally:
         if watcher is not None:
             watcher.close()
-        for proc in procs:
-            proc.close()
+        if supervisor is not None:
+            supervisor.close()
         cluster.stop()

@@ -30,6 +30,14 @@ class Queries:
             future.set_result(value)
 
 
+def tick(clock, p, q, t: int, end_offset) -> None:
+    """At ``t`` the probe asks, the broker answers ``end_offset``, the probe takes the answer."""
+    clock.t = t
+    p.poll()
+    q.answer(end_offset)
+    p.poll()
+
+
 def probe(clock):
     queries = Queries()
     p = EndOffsetProbe(queries, clock.now_ms, interval_s=1.0, settle_s=3.0, slow_s=2.0)
@@ -41,10 +49,7 @@ def test_read_to_the_end_only_after_the_partition_answered_for_the_settle_time()
     clock = ManualClock(0)
     p, q = probe(clock)
     for t in range(0, 5000, 1000):       # answers asked at 0, 1000, ..., 4000: end offset 10
-        clock.t = t
-        p.poll()
-        q.answer(10)
-        p.poll()
+        tick(clock, p, q, t, 10)
         assert p.note_position(*R, 10) == (t if t >= 3000 else -1)
     assert p.available(*R) and p.settled(*R)
     assert p.note_position(*R, 9) == 4000     # a later claim stays; a lower position adds none
@@ -54,10 +59,7 @@ def test_an_unanswered_question_makes_the_partition_unavailable_until_it_settles
     clock = ManualClock(0)
     p, q = probe(clock)
     for t in range(0, 4000, 1000):
-        clock.t = t
-        p.poll()
-        q.answer(5)
-        p.poll()
+        tick(clock, p, q, t, 5)
         p.note_position(*R, 5)
     clock.t = 4000
     p.poll()                                   # asked at 4000: no answer (the leader died)
@@ -70,10 +72,7 @@ def test_an_unanswered_question_makes_the_partition_unavailable_until_it_settles
     assert not p.available(*R) and p.why_unavailable(*R) == "Local: Timed out"
     assert p.note_position(*R, 5) == 3000      # the claim before the failure stands, no new one
     for t in range(7100, 11200, 1000):         # answers again: 3 s of answers before a new claim
-        clock.t = t
-        p.poll()
-        q.answer(7)
-        p.poll()
+        tick(clock, p, q, t, 7)
         assert p.available(*R)
     assert p.note_position(*R, 7) == 11100 and p.settled(*R)
 
@@ -96,10 +95,7 @@ def test_invalidate_voids_read_to_end_claims():
     clock = ManualClock(0)
     p, q = probe(clock)
     for t in range(0, 4000, 1000):
-        clock.t = t
-        p.poll()
-        q.answer(3)
-        p.poll()
+        tick(clock, p, q, t, 3)
     assert p.note_position(*R, 3) == 3000
     p.invalidate(*R)
     assert p.note_position(*R, -1001) == -1   # a record was put back: position unknown again

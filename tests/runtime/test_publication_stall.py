@@ -65,3 +65,17 @@ def test_a_slow_publication_that_finishes_in_time_lands(runtime, monkeypatch):
     monkeypatch.setattr(runtime, "_next_batch", lambda force: None)
     runtime._publish(force=True)
     assert runtime._fatal is None and runtime._flight is None and len(landed) == 1
+
+
+def test_a_revoke_after_the_stall_lets_the_partitions_go_without_publishing(runtime):
+    """consumer.close() in shutdown revokes: it must not wait on the stuck call again."""
+    from confluent_kafka import TopicPartition
+
+    _in_flight(runtime, 2.0)
+    with pytest.raises(StageExit):
+        runtime._publish()
+    unassigned = []
+    consumer = SimpleNamespace(incremental_unassign=unassigned.extend)
+    runtime._on_revoke(consumer, [TopicPartition(runtime.cfg.topics.receipts, 0)])
+    assert [(tp.topic, tp.partition) for tp in unassigned] == [
+        (runtime.cfg.topics.receipts, 0), (runtime.cfg.topics.staged_calls, 0)]
