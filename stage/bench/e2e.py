@@ -26,7 +26,7 @@ from confluent_kafka.admin import AdminClient
 from stage.client import receipt_event, staged_call_from_record
 from stage.contract import encode_routed_experts
 from stage.contract.producer import RolloutBuilder
-from stage.runtime.config import StageConfig
+from stage.config.model import StageConfig
 from stage.runtime.loop import StageRuntime
 from stage.runtime.topics import create_topics
 from stage.wire import AvroCodec, TopicNames
@@ -145,7 +145,7 @@ class StageProcess:
 
         import yaml
 
-        from stage.kraft import free_port
+        from stage.brokers.kraft import free_port
         self.port = free_port()
         cfg = cfg.replace(metrics_port=self.port)
         values = cfg.model_dump()
@@ -271,7 +271,7 @@ def run(*, bootstrap: str | None = None, groups: int = 300, n: int = 4, calls: i
         latency_seconds: float = 10.0, as_json: bool = False) -> dict:
     broker = None
     if bootstrap is None:
-        from stage.kraft import KraftBroker, jars_available
+        from stage.brokers.kraft import KraftBroker, jars_available
         if not jars_available():
             raise RuntimeError("no --bootstrap-servers and no local Kafka jars (make kafka-jars)")
         broker = KraftBroker().start()

@@ -20,7 +20,7 @@ partition only, and in bounded offset ranges:
 from __future__ import annotations
 
 from stage.debug.kafka import PartitionReader, Record
-from stage.runtime.config import StageConfig
+from stage.config.model import StageConfig
 from stage.wire import WireError
 from stage.wire.partitioner import partition_for
 

@@ -17,7 +17,7 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from stage.client.consuming import retrying
 from stage.runtime.clients import reader_config
-from stage.runtime.config import StageConfig
+from stage.config.model import StageConfig
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ import json
 import logging
 import sys
 
-from stage.cli_args import (
+from stage.cli.args import (
     LOG_LEVELS,
     at_least,
     device,
@@ -16,7 +16,7 @@ from stage.cli_args import (
     positive_float,
     topic_prefix,
 )
-from stage.cli_args import add_parser as add_subcommand
+from stage.cli.args import add_parser as add_subcommand
 
 # stage.workload.faults' names (ROLLOUT_FAULTS + GARBAGE; a test keeps them equal), spelled out so
 # that building the parser imports nothing heavy (`rollout-reassembler --help` stays instant).

@@ -38,7 +38,7 @@ from stage.demo.report import percentiles
 from stage.finalize import ReassemblyConfig
 from stage.finalize.reasons import bucket_of
 from stage.routes import RouteDimsCache
-from stage.runtime.config import StageConfig
+from stage.config.model import StageConfig
 from stage.runtime.loop import StageRuntime
 from stage.runtime.topics import create_topics
 from stage.wire import AvroCodec, TopicNames
@@ -226,7 +226,7 @@ class Demo:
         bootstrap = opts.bootstrap_servers
         broker_text = bootstrap
         if bootstrap is None:
-            from stage.embedded import TansuBroker, tansu_binary
+            from stage.brokers.embedded import TansuBroker, tansu_binary
             if tansu_binary() is None:
                 raise RuntimeError(EMBEDDED_MISSING)
             bar.update(phase="starting the embedded Tansu broker", force=True)

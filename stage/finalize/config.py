@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import BeforeValidator, Field, model_validator
 
-from stage.config_types import ConfigModel, Device, Int, IntChoice, bounded_int, conflict
+from stage.config.types import ConfigModel, Device, Int, IntChoice, bounded_int, conflict
 from stage.routes import ROUTE_PLAN_SCHEMA_VERSION
 
 # stage.wire.STAGED_CALLS_TOPIC (not imported: finalize stays free of the wire layer)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from confluent_kafka import KafkaException, Producer
 
-from stage.runtime.faults import crash_point
+from stage.publish.faults import crash_point
 
 logger = logging.getLogger(__name__)
 

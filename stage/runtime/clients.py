@@ -8,7 +8,7 @@ max.poll.interval.ms must exceed the revoke budget plus a publish.
 
 from __future__ import annotations
 
-from stage.runtime.config import EXACTLY_ONCE, StageConfig
+from stage.config.model import EXACTLY_ONCE, StageConfig
 
 
 def common(cfg: StageConfig) -> dict:

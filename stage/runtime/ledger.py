@@ -22,7 +22,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 
 from stage.publish.deadletters import DEAD_LETTER_WATERMARK_KEY
 from stage.runtime.clients import reader_config
-from stage.runtime.config import StageConfig
+from stage.config.model import StageConfig
 
 logger = logging.getLogger(__name__)
 

@@ -34,7 +34,7 @@ from stage.runtime import exits
 from stage.runtime.assignment import AssignmentSteps
 from stage.runtime.availability import EndOffsetProbe, StartOffsets
 from stage.runtime.clients import consumer_config, producer_config
-from stage.runtime.config import EXACTLY_ONCE, StageConfig
+from stage.config.model import EXACTLY_ONCE, StageConfig
 from stage.runtime.deadlines import DeadlineSteps
 from stage.runtime.intake import IntakeSteps
 from stage.runtime.pauses import SHUTDOWN, PauseSet

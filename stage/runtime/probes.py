@@ -16,7 +16,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from confluent_kafka import Consumer, TopicPartition
 
 from stage.runtime.clients import common
-from stage.runtime.config import StageConfig
+from stage.config.model import StageConfig
 
 
 class BrokerQueries:

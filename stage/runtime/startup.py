@@ -11,7 +11,7 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
 from stage.runtime import exits
-from stage.runtime.config import StageConfig
+from stage.config.model import StageConfig
 from stage.runtime.topics import TopologyError, check_copartitioning, durability_warnings
 from stage.wire import WireError
 

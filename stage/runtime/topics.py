@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 if TYPE_CHECKING:   # the CLI reads this module's defaults while building its parser: keep it light
-    from stage.runtime.config import StageConfig
+    from stage.config.model import StageConfig
 
 # Topics whose partition counts must all be equal (the dead-letter topic is exempt).
 COPARTITIONED = ("receipts", "staged_calls", "canonical_rows", "route_plans", "finalized_groups",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field, model_validator
 
-from stage.config_types import ConfigModel, TopicName
+from stage.config.types import ConfigModel, TopicName
 
 RECEIPTS_TOPIC = "rollouts.receipts"
 STAGED_CALLS_TOPIC = "rollouts.staged-calls"

@@ -93,7 +93,7 @@ def test_embedded_broker_is_the_default(monkeypatch):
         assert bootstrap == "127.0.0.1:1"
         raise Stop
 
-    monkeypatch.setattr("stage.embedded.TansuBroker", Broker)
+    monkeypatch.setattr("stage.brokers.embedded.TansuBroker", Broker)
     monkeypatch.setattr("stage.demo.run.Demo._run", no_run)
     with pytest.raises(Stop):
         run_demo(DemoOptions(workload=WorkloadConfig(groups=1), progress=False))
@@ -109,7 +109,7 @@ def test_produce_only_feeds_the_standard_topic_layout_for_a_stage_running_elsewh
                        bootstrap_servers=tansu.bootstrap, topic_prefix="po", produce_only=True,
                        progress=False, route_mode="direct")
     from confluent_kafka.admin import AdminClient
-    from stage.runtime.config import StageConfig
+    from stage.config.model import StageConfig
     from stage.runtime.topics import create_topics
     from stage.wire import TopicNames
     topics = TopicNames(**{k: f"po.{v}" for k, v in TopicNames().all().items()})

@@ -5,7 +5,7 @@ volume), and the compose file's healthcheck command answers."""
 
 from __future__ import annotations
 
-from stage.kraft import free_port
+from stage.brokers.kraft import free_port
 from tests.docker.support import Container, docker, image, wait_for
 from tests.support.docker_broker import broker_environment
 

@@ -10,7 +10,7 @@ import uuid
 
 import yaml
 
-from stage.kraft import free_port
+from stage.brokers.kraft import free_port
 from stage.wire import TopicNames
 from tests.docker.support import ROOT, Container, check_published, docker, failed, http_ok, image, wait_for
 

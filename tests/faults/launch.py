@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 
-import stage.runtime.config as config
+import stage.config.model as config
 
 _SPEC = os.environ.pop("STAGE_TEST_FAULT", None)
 # Optional: arm the fault only once this file exists, so a test can pick the moment
@@ -22,7 +22,7 @@ _load_config = config.load_config
 
 
 def _arm() -> None:
-    os.environ["ROLLOUT_REASSEMBLER_FAULT"] = _SPEC   # read by stage.runtime.faults at each point
+    os.environ["ROLLOUT_REASSEMBLER_FAULT"] = _SPEC   # read by stage.publish.faults at each point
 
 
 def _arm_when_file_appears() -> None:

@@ -19,7 +19,7 @@ import yaml
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from stage.finalize import ReassemblyConfig
-from stage.runtime.config import ENV_PREFIX, StageConfig
+from stage.config.model import ENV_PREFIX, StageConfig
 from stage.wire import AvroCodec, TopicNames
 from tests.integration.harness import GroupSpec, expected_rows, read_all
 

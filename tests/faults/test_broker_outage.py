@@ -15,7 +15,7 @@ import time
 import pytest
 
 from stage.finalize import ReassemblyConfig
-from stage.kraft import KraftBroker, jars_available
+from stage.brokers.kraft import KraftBroker, jars_available
 from tests.faults.procs import SummaryWatcher, Supervisor, assert_exactly_once, read_outputs
 from tests.integration.harness import Feeder, make_group, setup_topics, stage_config, unique_topics
 

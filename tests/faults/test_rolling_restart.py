@@ -18,7 +18,7 @@ import pytest
 from confluent_kafka.admin import AdminClient
 
 from stage.finalize import ReassemblyConfig
-from stage.kraft import KraftCluster, jars_available
+from stage.brokers.kraft import KraftCluster, jars_available
 from stage.runtime.topics import create_topics
 from tests.faults.procs import SummaryWatcher, Supervisor, assert_exactly_once, read_outputs
 from tests.integration.harness import Feeder, make_group, stage_config, unique_topics

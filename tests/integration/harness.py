@@ -17,7 +17,7 @@ from stage.contract import encode_routed_experts
 from stage.contract.producer import RolloutBuilder
 from stage.finalize import GroupFinalizer, InMemoryTokenSource, ReassemblyConfig
 from stage.publish.records import row_record
-from stage.runtime.config import StageConfig
+from stage.config.model import StageConfig
 from stage.runtime.loop import StageRuntime
 from stage.runtime.topics import create_topics
 from stage.wire import AvroCodec, TopicNames

@@ -4,7 +4,7 @@ import re
 import urllib.error
 import urllib.request
 
-from stage.kraft import free_port
+from stage.brokers.kraft import free_port
 from stage.wire import AvroCodec
 from tests.integration.harness import (
     Feeder, RunningStage, make_group, read_all, setup_topics, stage_config, unique_topics,

@@ -145,7 +145,7 @@ def compose_environment(service: dict) -> dict[str, str]:
 # -- the stage's configuration -----------------------------------------------------------------
 def load_stage_config(yaml_text: str | None, env: dict[str, str]):
     """The stage's own loader (defaults, YAML, environment); raises what the stage would raise."""
-    from stage.runtime.config import load_config
+    from stage.config.model import load_config
     if yaml_text is None:
         return load_config(None, env)
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as handle:

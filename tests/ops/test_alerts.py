@@ -128,7 +128,7 @@ def test_alerted_series_exist_at_zero_before_the_first_event():
     from prometheus_client.parser import text_string_to_metric_families
 
     from stage.observability.metrics import COUNTERS, INITIAL_LABELS, PREFIX, PrometheusSink
-    from stage.runtime.config import StageConfig
+    from stage.config.model import StageConfig
     sink = PrometheusSink()
     sink.configure(StageConfig())
     samples: dict[str, list[dict]] = defaultdict(list)

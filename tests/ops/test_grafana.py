@@ -23,7 +23,7 @@ def registered() -> dict[str, set[str]]:
     """Every series name the stage's registry can expose, configured as at start -> its label
     names (the stage's own metrics' label names; the collectors' from their samples)."""
     from stage.observability import PrometheusSink
-    from stage.runtime.config import StageConfig
+    from stage.config.model import StageConfig
     sink = PrometheusSink()
     sink.configure(StageConfig())
     labels = {}

@@ -214,7 +214,7 @@ def test_termination_grace_is_revoke_budget_plus_transaction_timeout():
     grace = one(render(custom), "StatefulSet")["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
     assert grace == 331 + extra
     # keys absent from config: the stage's defaults (StageConfig)
-    from stage.runtime.config import StageConfig
+    from stage.config.model import StageConfig
     default = StageConfig()
     grace = one(render({"config": {"bootstrap_servers": "b:9092"}}), "StatefulSet")["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
     assert grace == math.ceil((default.revoke_budget_ms + default.transaction_timeout_ms) / 1000) + extra
@@ -404,7 +404,7 @@ def _merge(base: dict, override: dict) -> dict:
 def test_schema_config_keys_follow_the_stage_config():
     """values.schema.json's `config` is generated from StageConfig (tests/runtime/test_config_schema.py
     checks it is current); here: it is what the chart uses, and values.yaml's config loads."""
-    from stage.runtime.config_schema import helm_config_schema
+    from stage.config.schema import helm_config_schema
     assert schema()["properties"]["config"] == helm_config_schema()
     # every default in values.yaml is accepted by the stage itself
     load_stage_config(yaml.safe_dump(values_yaml()["config"]), {})

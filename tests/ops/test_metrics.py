@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from stage.observability import PrometheusSink
 from stage.observability.metrics import INITIAL_LABELS, INPUT_TOPICS, label_combinations
 from stage.observability.process import CgroupMemoryLimit, memory_limit_bytes
-from stage.runtime.config import StageConfig
+from stage.config.model import StageConfig
 from stage.wire import TopicNames
 from tests.ops.support import ROOT, health_server
 

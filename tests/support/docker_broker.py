@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 
-from stage.kraft import MESSAGE_MAX_BYTES, free_port, wait_ready
+from stage.brokers.kraft import MESSAGE_MAX_BYTES, free_port, wait_ready
 
 DEFAULT_IMAGE = "apache/kafka:4.1.0"
 # Containers the tests start carry this label: `tools/docker/engine.sh` removes leftovers of a

@@ -1,3 +1,3 @@
 """The local KRaft broker lives in the package (bench e2e uses it too)."""
 
-from stage.kraft import JARS, KraftBroker, KraftCluster, free_port, jars_available  # noqa: F401
+from stage.brokers.kraft import JARS, KraftBroker, KraftCluster, free_port, jars_available  # noqa: F401

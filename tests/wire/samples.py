@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from stage.wire import pack_tensor, schema_json
-from stage.wire.bench import GROUP_ID, receipt_event_record, staged_call_record
+from stage.bench.wire import GROUP_ID, receipt_event_record, staged_call_record
 
 RNG = np.random.default_rng(7)
 DIGEST = "ab" * 32

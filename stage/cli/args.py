@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import re
 
-from stage.config_types import DEVICE_PATTERN
+from stage.config.types import DEVICE_PATTERN
 
 
 class Help(argparse.HelpFormatter):

@@ -16,7 +16,7 @@ import time
 
 
 def _die_with_parent() -> None:
-    from stage.kraft import _die_with_parent as die
+    from stage.brokers.kraft import _die_with_parent as die
     die()
 
 

@@ -19,7 +19,7 @@ import time
 import uuid
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # `make kafka-jars` resolves them here; ROLLOUT_REASSEMBLER_KAFKA_JARS points elsewhere.
 JARS = Path(os.environ.get("ROLLOUT_REASSEMBLER_KAFKA_JARS", ROOT / ".cache" / "kafka" / "lib"))
 MESSAGE_MAX_BYTES = 64 << 20

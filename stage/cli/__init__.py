@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from stage.cli_args import LOG_LEVELS, Help, add_parser, at_least, device, positive_float
+from stage.cli.args import LOG_LEVELS, Help, add_parser, at_least, device, positive_float
 from stage.runtime.topics import (
     DEFAULT_MAX_MESSAGE_BYTES,
     DEFAULT_MIN_INSYNC_REPLICAS,
@@ -107,7 +107,7 @@ def _add_bench_parsers(commands) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    from stage.tuning import tune_malloc
+    from stage.cli.malloc import tune_malloc
     tune_malloc()
     if args.command in ("run", "topics"):
         return _runtime_command(args)
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _load(args):
-    from stage.runtime.config import load_config
+    from stage.config.model import load_config
     overrides = {"bootstrap_servers": args.bootstrap_servers} if args.bootstrap_servers is not None else {}
     return load_config(args.config, overrides=overrides)
 

@@ -1,7 +1,7 @@
 """Field types shared by the configuration models (StageConfig, ReassemblyConfig, TopicNames).
 
 The models are pydantic models: types, bounds and choices live on the fields, so the loader, the
-Helm values schema and docs/configuration.md all follow them (stage/runtime/config_schema.py).
+Helm values schema and docs/configuration.md all follow them (stage/config/schema.py).
 """
 
 from __future__ import annotations

@@ -23,10 +23,10 @@ NESTING = "__"
 BOOTSTRAP_ALIAS = "KAFKA_BOOTSTRAP_SERVERS"   # the common convention; no other KAFKA_* is read
 # Variables in our namespace that are not settings (read by the modules named).
 NOT_SETTINGS = frozenset({
-    "ROLLOUT_REASSEMBLER_FAULT",           # stage.runtime.faults (crash injection in tests)
-    "ROLLOUT_REASSEMBLER_MALLOC_TUNING",   # stage.tuning
+    "ROLLOUT_REASSEMBLER_FAULT",           # stage.publish.faults (crash injection in tests)
+    "ROLLOUT_REASSEMBLER_MALLOC_TUNING",   # stage.cli.malloc
     "ROLLOUT_REASSEMBLER_SCHEMAS_DIR",     # stage.wire.schemas
-    "ROLLOUT_REASSEMBLER_KAFKA_JARS",      # stage.kraft
+    "ROLLOUT_REASSEMBLER_KAFKA_JARS",      # stage.brokers.kraft
     "ROLLOUT_REASSEMBLER_REJECTION_LOG_LEVEL",  # stage.runtime.logs (per-rejection log level)
     "ROLLOUT_REASSEMBLER_DOCKER_STATE",    # tools/docker/engine.sh
 })

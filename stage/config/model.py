@@ -3,8 +3,8 @@
 ``StageConfig`` is a pydantic model: each field carries its type, bounds and meaning, and the
 rules between fields are checked at load time, so a value that would make the stage hang or
 misbehave is refused with the setting's name and source. docs/configuration.md and the Helm
-chart's values schema are generated from it (``python -m stage.runtime.config_schema``).
-Environment rules (stage/runtime/config_sources.py, documented in docs/configuration.md):
+chart's values schema are generated from it (``python -m stage.config.schema``).
+Environment rules (stage/config/sources.py, documented in docs/configuration.md):
 ``ROLLOUT_REASSEMBLER_<FIELD>``, ``..._<SECTION>__<FIELD>``, ``..._KAFKA__<PROPERTY>`` (``_`` read
 as ``.``), ``KAFKA_BOOTSTRAP_SERVERS``; unknown names are errors; service links are ignored.
 """
@@ -18,9 +18,9 @@ from typing import Literal
 
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from stage.config_types import ClientValue, ConfigModel, Int, conflict
+from stage.config.types import ClientValue, ConfigModel, Int, conflict
 from stage.finalize import ReassemblyConfig
-from stage.runtime.config_sources import (
+from stage.config.sources import (
     ENV_PREFIX,
     NOT_SETTINGS,
     ConfigError,

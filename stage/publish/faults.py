@@ -4,7 +4,7 @@ like kill -9) and ``stop`` (SIGSTOP: the process freezes there, as a replica doe
 is paused or its CPU throttled, until someone sends SIGCONT).
 
 Points: ``before_begin``, ``after_produce`` (inside an open transaction), ``before_commit``
-(offsets sent, transaction not committed), ``after_commit``, ``after_intake``. Unset in
+(offsets sent, transaction not committed), ``after_commit``. Unset in
 production: the check is one dict lookup.
 """
 

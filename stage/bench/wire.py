@@ -1,4 +1,4 @@
-"""``python -m stage.wire.bench``: Avro encode/decode throughput of the hot records.
+"""``python -m stage.bench.wire``: Avro encode/decode throughput of the hot records.
 
 Cases (the figures in docs/schemas.md): a StagedCall with a 512-token delta (Gym's
 uint64/float64 columns, and compact uint32/float32 ones), the same with a 512x48x8 int16 route
