@@ -31,7 +31,7 @@ def _parser() -> argparse.ArgumentParser:
                     "success, 1 failure (a check, a topic layout), 2 usage error, 3 configuration "
                     "error; `run` has more (README, Exit codes).")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    from stage.demo.cli import add_parser as add_demo_parser
+    from stage.cli.demo import add_parser as add_demo_parser
     add_demo_parser(commands)
     _add_runtime_parsers(commands)
     from stage.debug.cli import add_parsers as add_debug_parsers
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command in ("run", "topics"):
         return _runtime_command(args)
     if args.command == "demo":
-        from stage.demo.cli import main as demo_main
+        from stage.cli.demo import main as demo_main
         return demo_main(args)
     if args.command in ("inspect", "dead-letters"):
         from stage.debug.cli import main as debug_main

@@ -18,8 +18,7 @@ from typing import Literal
 
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from stage.config.types import ClientValue, ConfigModel, Int, conflict
-from stage.finalize import ReassemblyConfig
+from stage.config.finalize import ReassemblyConfig
 from stage.config.sources import (
     ENV_PREFIX,
     NOT_SETTINGS,
@@ -29,7 +28,8 @@ from stage.config.sources import (
     from_file,
     merge,
 )
-from stage.wire import TopicNames
+from stage.config.topics import TopicNames
+from stage.config.types import ClientValue, ConfigModel, Int, conflict
 
 __all__ = ["AT_LEAST_ONCE", "ENV_PREFIX", "EXACTLY_ONCE", "NOT_SETTINGS", "ConfigError", "StageConfig",
            "load_config"]

@@ -1,6 +1,6 @@
 """``rollout-reassembler demo``: broker, topics, stage, workload through the SDK, reader, checks.
 
-Names are imported on first use, so ``stage.demo.cli`` (the argument parser) stays light.
+Names are imported on first use, so the command line's parser (``stage.cli.demo``) stays light.
 """
 
 from importlib import import_module

@@ -4,7 +4,7 @@ decode happens upstream; here: fetch staged rows -> verify (stage.contract) -> b
 N canonical rows, route plans and metrics.
 """
 
-from stage.finalize.config import ReassemblyConfig
+from stage.config.finalize import ReassemblyConfig
 from stage.finalize.group import REJECTION_LOGGER, CanonicalRow, FinalizedGroup, GroupFinalizer, pad_group
 from stage.finalize.group_media import MEDIA_FIELDS, group_media_rows, pad_group_media, row_counts_key
 from stage.finalize.media import StagedMedia, concat_media, trainer_media, validate_media

@@ -20,7 +20,7 @@ from stage.contract import (
     verify_and_linearize,
 )
 from stage.finalize import reasons as R
-from stage.finalize.config import ReassemblyConfig
+from stage.config.finalize import ReassemblyConfig
 from stage.contract.records import parse_json_text
 from stage.finalize.media import StagedMedia, concat_media, validate_media
 from stage.finalize.receipt_facts import ReceiptFacts, facts_of_raw, facts_of_receipt

@@ -1,4 +1,5 @@
-"""confluent-kafka client configurations derived from the StageConfig.
+"""confluent-kafka client configurations derived from the StageConfig, and ``Clients``: the
+clients one stage process holds.
 
 Sizing notes (why these values): a StagedCall with routes is delta_len x L x K values (an 8k
 token call of a 48-layer top-8 model is ~6 MB as int16), so fetch and message limits follow
@@ -7,6 +8,8 @@ max.poll.interval.ms must exceed the revoke budget plus a publish.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from stage.config.model import EXACTLY_ONCE, StageConfig
 
@@ -75,3 +78,16 @@ def replay_producer_config(cfg: StageConfig, transactional_id: str) -> dict:
         "transactional.id": transactional_id,
         "transaction.timeout.ms": 60_000,
     }
+
+
+@dataclass
+class Clients:
+    """The Kafka-facing objects of one stage process, made by ``StageRuntime.start`` (None
+    before it): steps hold this and read the client they need at call time."""
+
+    consumer: object = None        # confluent_kafka.Consumer
+    publisher: object = None       # TransactionalPublisher or AtLeastOncePublisher
+    admin: object = None           # AdminClient (start-up checks and topic layout)
+    queries: object = None         # BrokerQueries: end/start offsets and partition counts
+    probe: object = None           # EndOffsetProbe: is an input partition read to its end
+    start_offsets: object = None   # StartOffsets: where a fetch began before its first record

@@ -1,6 +1,11 @@
-"""The loop's deadline step: which groups are ready (complete, or past a deadline whose input
+"""The deadline step: which groups are ready (complete, or past a deadline whose input
 partitions were read to their end as the brokers say), and deadlines held while an input
-partition does not answer. Part of StageRuntime (stage.runtime.loop)."""
+partition does not answer.
+
+Touches, of every loaded partition that is not halted: its buffer (takes ready groups and
+expires orphans), its ``waiting`` queue, ``held`` and ``offsets_moved``. Reads its pause
+reasons. Uses: the probe, the consumer's positions and the start offsets (clients), the stats.
+"""
 
 from __future__ import annotations
 
@@ -16,54 +21,73 @@ logger = logging.getLogger("stage.runtime.loop")
 _NOT_FETCHING = frozenset({LOADING, REGISTRY, HALTED})   # a partition held for these is not "read"
 
 
-class DeadlineSteps:
-    # -- readiness and deadlines -----------------------------------------------------------
-    def _take_ready(self, now_ms: int) -> None:
+class Deadlines:
+    def __init__(self, *, topics: tuple[str, str], hold_max_ms: int, partitions, pauses, clients,
+                 stats) -> None:
+        self.topics = topics            # (receipts, staged calls)
+        self.hold_max_ms = hold_max_ms  # deadline_hold_max_ms
+        self.partitions = partitions
+        self.pauses = pauses
+        self.clients = clients
+        self.stats = stats
+
+    def take_ready(self, now_ms: int) -> None:
+        probe = self.clients.probe
+        states = [s for s in self.partitions.loaded() if s.halted is None]
         due = {}
-        for partition, buffer in self.buffers.items():
-            deadline = buffer.next_deadline_ms()
-            if partition not in self.halted and deadline is not None and deadline <= now_ms:
-                due[partition] = deadline
-        self.probe.poll(urgent={(t, p): d for p, d in due.items() for t in self.topics})
+        for state in states:
+            deadline = state.buffer.next_deadline_ms()
+            if deadline is not None and deadline <= now_ms:
+                due[state.number] = deadline
+        probe.poll(urgent={(t, p): d for p, d in due.items() for t in self.topics})
         positions = self._positions(due) if due else {}
-        held = {}
-        for partition, buffer in self.buffers.items():
-            if partition in self.halted:
-                continue
+        newly_held, released = [], []
+        for state in states:
+            partition, held = state.number, None
             read_to_end, force_before = {}, None
             if partition in due:
                 not_fetching = self.pauses.why(partition) & _NOT_FETCHING
                 for topic in self.topics:
-                    read_to_end[topic] = -1 if not_fetching else self.probe.note_position(
+                    read_to_end[topic] = -1 if not_fetching else probe.note_position(
                         topic, partition, positions.get((topic, partition), -1))
-                unavailable = [t for t in self.topics if not self.probe.available(t, partition)]
+                unavailable = [t for t in self.topics if not probe.available(t, partition)]
                 if unavailable and not not_fetching:
-                    held[partition] = ", ".join(
-                        f"{t}[{partition}] ({self.probe.why_unavailable(t, partition)})"
-                        for t in unavailable)
-                    if now_ms - due[partition] >= self.cfg.deadline_hold_max_ms:
-                        force_before = now_ms - self.cfg.deadline_hold_max_ms
-            ready, orphans = buffer.take_ready(now_ms, read_to_end, force_before_ms=force_before)
+                    held = ", ".join(f"{t}[{partition}] ({probe.why_unavailable(t, partition)})"
+                                     for t in unavailable)
+                    if now_ms - due[partition] >= self.hold_max_ms:
+                        force_before = now_ms - self.hold_max_ms
+            ready, orphans = state.buffer.take_ready(now_ms, read_to_end, force_before_ms=force_before)
             if force_before is not None and (ready or orphans):
                 self.stats.inc("deadlines_forced", len(ready) + len(orphans))
                 logger.warning("partition %d: %d deadlines fired after waiting %.0fs for an unavailable "
                                "input partition (%s)", partition, len(ready) + len(orphans),
-                               self.cfg.deadline_hold_max_ms / 1000, held.get(partition))
+                               self.hold_max_ms / 1000, held)
             for group, why in ready:
-                self.waiting.append((group, why, self.epochs[partition]))
+                state.waiting.append((self.partitions.stamp(), (group, why, state.epoch)))
                 self.stats.observe("group_fill_seconds", max(0.0, (now_ms - group.first_timestamp_ms) / 1000))
             if orphans:
                 self.stats.inc("orphan_groups_expired", len(orphans))
                 self.stats.inc("orphan_staged_expired", sum(len(g.staged) for g in orphans))
-                self._offsets_dirty = True
-        for partition in set(held) - set(self.held):
+                state.offsets_moved = True
+            self._note_held(state, held, newly_held, released)
+        for state in self.partitions:   # halted or loading: nothing of theirs is due
+            if state not in states:
+                self._note_held(state, None, newly_held, released)
+        for state in newly_held:
             logger.warning("deadlines of partition %d wait: input %s unavailable; they fire when it "
-                           "answers again, or after deadline_hold_max_ms=%d", partition, held[partition],
-                           self.cfg.deadline_hold_max_ms)
-        for partition in set(self.held) - set(held):
+                           "answers again, or after deadline_hold_max_ms=%d", state.number, state.held,
+                           self.hold_max_ms)
+        for partition in released:
             logger.info("deadlines of partition %d no longer wait for an unavailable input", partition)
-        self.held = held
-        self.stats.set("deadline_held_partitions", len(held))
+        self.stats.set("deadline_held_partitions", sum(1 for s in self.partitions if s.held is not None))
+
+    @staticmethod
+    def _note_held(state, held: str | None, newly_held: list, released: list) -> None:
+        if held is not None and state.held is None:
+            newly_held.append(state)
+        elif held is None and state.held is not None:
+            released.append(state.number)
+        state.held = held
 
     def _positions(self, partitions) -> dict[tuple[str, int], int]:
         """Where the consumer is in each input partition. Before the first record of an
@@ -71,10 +95,10 @@ class DeadlineSteps:
         (or at the log start when none is committed)."""
         tps = [TopicPartition(t, p) for p in partitions for t in self.topics]
         out = {}
-        for tp in self.consumer.position(tps):
+        for tp in self.clients.consumer.position(tps):
             key = (tp.topic, tp.partition)
             out[key] = tp.offset if tp.offset >= 0 else self._start_offset(tp)
         return out
 
     def _start_offset(self, tp: TopicPartition) -> int:
-        return self.start_offsets.get(tp.topic, tp.partition, time.monotonic())
+        return self.clients.start_offsets.get(tp.topic, tp.partition, time.monotonic())

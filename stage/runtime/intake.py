@@ -1,6 +1,12 @@
-"""The loop's intake step: one consumed record -> decoded, routing-checked, buffered; or put
-back (its schema is not resolved yet, its partition is still loading); or dead-lettered once.
-Part of StageRuntime (stage.runtime.loop), which holds the state these methods use."""
+"""The intake step: one consumed record -> decoded, routing-checked, buffered; or put back (its
+schema is not resolved yet, its partition is still loading); or dead-lettered once.
+
+Owns: which topic-partitions were put back during the current consume batch.
+Touches, of the record's partition: its buffer, its dead-letter watermarks, its dead-letter
+queue, its REGISTRY pause and ``offsets_moved``. Uses: the codecs, the input limits, the
+consumer (to seek back), the probe (a put-back record invalidates its partition's answer) and
+the schema resolver. A failed seek asks ``rewind`` to start every partition over.
+"""
 
 from __future__ import annotations
 
@@ -31,9 +37,27 @@ from stage.wire import SchemaNotCached, WireError
 logger = logging.getLogger("stage.runtime.loop")
 
 
-class IntakeSteps:
-    # -- intake ----------------------------------------------------------------------------
-    def _intake(self, msg, now_ms: int) -> None:
+class Intake:
+    def __init__(self, *, topics, codecs, limits, partition_count, partitions, pauses, resolver,
+                 clients, stats, rewind) -> None:
+        self.topics = topics                    # TopicNames
+        self.codecs = codecs
+        self.limits = limits
+        self.partition_count = partition_count  # () -> the input topics' partition count
+        self.partitions = partitions
+        self.pauses = pauses
+        self.resolver = resolver                # SchemaResolver, or None without a registry
+        self.clients = clients
+        self.stats = stats
+        self.rewind = rewind
+        self.blocked: set[tuple[str, int]] = set()   # put back during this consume batch
+
+    def batch(self, messages, now_ms: int) -> None:
+        self.blocked.clear()
+        for msg in messages:
+            self.record(msg, now_ms)
+
+    def record(self, msg, now_ms: int) -> None:
         err = msg.error()
         if err is not None:
             if err.fatal():
@@ -41,18 +65,19 @@ class IntakeSteps:
             logger.warning("consumer error: %s", err)
             return
         topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
-        if (topic, partition) in self._blocked:
+        if (topic, partition) in self.blocked:
             return  # after a record of this partition was put back: re-fetched from there
-        if partition in self.loading:
+        state = self.partitions.get(partition)
+        if state is not None and state.loading:
             self._put_back(msg)
             return
-        buffer = self.buffers.get(partition)
-        if buffer is None:
+        if state is None or state.buffer is None:
             return  # revoked while the message was in flight
+        buffer = state.buffer
         ts_type, ts = msg.timestamp()
         position = Position(topic, partition, offset, ts if ts_type and ts > 0 else now_ms)
         value = msg.value()
-        receipts = topic == self.cfg.topics.receipts
+        receipts = topic == self.topics.receipts
         codec = self.codecs["ReceiptEvent" if receipts else "StagedCall"]
         try:
             if value is None:
@@ -60,65 +85,69 @@ class IntakeSteps:
             record = codec.decode(value, fetch=False)
             make = receipt_item if receipts else staged_item
             item = make(record, position, len(value), self.limits)
-            check_routing(msg.key(), item.group_id, partition, self.partitions)
+            check_routing(msg.key(), item.group_id, partition, self.partition_count())
         except SchemaNotCached as pending:   # not consumed: read again once the id is resolved
             self._put_back(msg)
             self.pauses.hold(partition, REGISTRY)
             self.resolver.request(codec, pending.schema_id, partition)
             return
         except MisroutedError as error:
-            self._reject(msg, buffer, position, error, MISROUTED)
+            self._reject(msg, state, position, error, MISROUTED)
             return
         except WireError as error:
-            self._reject(msg, buffer, position, error, UNDECODABLE)
+            self._reject(msg, state, position, error, UNDECODABLE)
             return
         except (DecodeError, ValueError, KeyError, TypeError) as error:
-            self._reject(msg, buffer, position, error,
+            self._reject(msg, state, position, error,
                          UNDECODABLE if value is None else INVALID)
             return
         self.stats.inc("records_consumed", topic=topic)
         outcome = buffer.add_receipt(item, now_ms) if receipts else buffer.add_staged(item, now_ms)
         if outcome == CONFLICT:  # well-formed but contradicts its group: keep it, visibly
-            self._reject(msg, None, position, DecodeError(buffer.last_conflict), CONFLICT_CLASS)
+            self._reject(msg, state, position, DecodeError(buffer.last_conflict), CONFLICT_CLASS,
+                         buffered=False)
         if outcome != ADDED:
             self.stats.inc("records_skipped", topic=topic, reason=outcome)
-            self._offsets_dirty = True
+            state.offsets_moved = True
 
     def _put_back(self, msg) -> None:
         """Unread ``msg`` (and the rest of its partition in this batch): fetched again later."""
         tp = TopicPartition(msg.topic(), msg.partition(), msg.offset())
-        self._blocked.add((tp.topic, tp.partition))
-        if self.probe is not None:
-            self.probe.invalidate(tp.topic, tp.partition)
+        self.blocked.add((tp.topic, tp.partition))
+        if self.clients.probe is not None:
+            self.clients.probe.invalidate(tp.topic, tp.partition)
         try:
-            self.consumer.seek(tp)
+            self.clients.consumer.seek(tp)
         except KafkaException as error:  # not expected for an assigned partition: start over
             logger.error("seek %s[%d] to %d failed (%s); rewinding to the committed offsets",
                          tp.topic, tp.partition, tp.offset, error)
-            self._rewind()
+            self.rewind()
 
-    def _reject(self, msg, buffer, position: Position, error: Exception, error_class: str) -> None:
+    def _reject(self, msg, state, position: Position, error: Exception, error_class: str, *,
+                buffered: bool = True) -> None:
         """Dead-letter a record once: after a restart, records at or below the partition's
-        dead-letter watermark (from the ledger) were dead-lettered already."""
-        topic, partition, offset = position.topic, position.partition, position.offset
-        if buffer is not None:   # (a conflict was counted when the buffer took it)
+        dead-letter watermark (from the ledger) were dead-lettered already. ``buffered=False``:
+        the buffer took the record (a conflict) and counted it already."""
+        topic, offset = position.topic, position.offset
+        if buffered:
             self.stats.inc("records_consumed", topic=topic)
-        if buffer is not None:
-            buffer.skip(topic, offset, position.timestamp_ms)
-        watermarks = self.dl_watermarks.setdefault(partition, {})
-        if offset <= watermarks.get(topic, -1):
+            state.buffer.skip(topic, offset, position.timestamp_ms)
+        marks = state.dead_letter_marks
+        if offset <= marks.get(topic, -1):
             self.stats.inc("records_skipped", topic=topic, reason=DEAD_LETTERED_BEFORE)
-            self._offsets_dirty = True
+            state.offsets_moved = True
             return
-        watermarks[topic] = offset
+        marks[topic] = offset
         text = f"{type(error).__name__}: {error}"
-        self.dead_letters.append(DeadLetter(topic, partition, offset, msg.key(), msg.value(),
-                                            list(msg.headers() or []), text, error_class))
+        state.dead_letters.append((self.partitions.stamp(), DeadLetter(
+            topic, state.number, offset, msg.key(), msg.value(), list(msg.headers() or []), text,
+            error_class)))
         self.stats.inc("dead_letters", topic=topic, reason=error_class)
-        logger.warning("dead-lettered %s[%d]@%d (%s): %s", topic, partition, offset, error_class, error)
+        logger.warning("dead-lettered %s[%d]@%d (%s): %s", topic, state.number, offset, error_class, error)
 
     # -- schema registry -------------------------------------------------------------------
-    def _resolve_schemas(self) -> None:
+    def resolve_schemas(self) -> None:
+        """Partitions whose pending schema ids were resolved fetch again."""
         if self.resolver is None:
             return
         for partition in self.resolver.poll():

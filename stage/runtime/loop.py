@@ -12,6 +12,12 @@ transaction each, on a publisher thread), newly assigned partitions stay paused 
 ledger loads on a loader thread, and a record whose schema is not resolved yet is put back while
 the registry is asked on another thread. Every reason to stop fetching a partition is tracked
 separately (stage.runtime.pauses).
+
+Where things live: everything about one assigned partition is its ``PartitionState``
+(stage.runtime.partition); one iteration runs the steps in order, each a collaborator handed
+what it may touch: intake (decode, route check, buffer or dead-letter), loads (ledger loads),
+deadlines (take ready groups), finalization (the worker pool), publication (the transaction in
+flight), backpressure, and the topology watch; assignment handles rebalances and the rewind.
 """
 
 from __future__ import annotations
@@ -20,31 +26,32 @@ import logging
 import signal
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 
 from confluent_kafka import Consumer, KafkaException, Producer
-from confluent_kafka.admin import AdminClient
 
-from stage.buffer import PartitionBuffer, SystemClock
+from stage.buffer import SystemClock
+from stage.config.model import EXACTLY_ONCE, StageConfig
 from stage.decode import InputLimits
 from stage.publish import AtLeastOncePublisher, StageFatal, TransactionalPublisher
-from stage.publish.deadletters import DeadLetter
 from stage.routes import RouteDimsCache
 from stage.runtime import exits
-from stage.runtime.assignment import AssignmentSteps
+from stage.runtime.assignment import Assignment, repartitioned
 from stage.runtime.availability import EndOffsetProbe, StartOffsets
-from stage.runtime.clients import consumer_config, producer_config
-from stage.config.model import EXACTLY_ONCE, StageConfig
-from stage.runtime.deadlines import DeadlineSteps
-from stage.runtime.intake import IntakeSteps
+from stage.runtime.backpressure import BackPressure
+from stage.runtime.clients import Clients, consumer_config, producer_config
+from stage.runtime.deadlines import Deadlines
+from stage.runtime.finalization import Finalization
+from stage.runtime.intake import Intake
+from stage.runtime.loads import LedgerLoads
+from stage.runtime.partition import Partitions
 from stage.runtime.pauses import SHUTDOWN, PauseSet
 from stage.runtime.probes import BrokerQueries
-from stage.runtime.publication import PublicationSteps
+from stage.runtime.publication import Publication
 from stage.runtime.registry import SchemaResolver
 from stage.runtime.startup import connect_admin, probe_device, register_output_schemas
 from stage.runtime.stats import RuntimeStats
 from stage.runtime.topics import PartitionWatch
-from stage.runtime.worker import Outputs
 from stage.wire import AvroCodec, value_subject
 
 logger = logging.getLogger(__name__)
@@ -71,9 +78,11 @@ def build_codecs(cfg: StageConfig) -> dict[str, AvroCodec]:
             for name, topic in subjects.items()}
 
 
-class StageRuntime(IntakeSteps, DeadlineSteps, PublicationSteps, AssignmentSteps):
-    """One consumer-group member: the state, the lifecycle and one iteration of the loop; the
-    steps live in stage.runtime.intake, .deadlines, .publication and .assignment."""
+class StageRuntime:
+    """One consumer-group member: the lifecycle, the cross-partition pieces (clients, worker
+    pools, the transaction in flight) and one iteration of the loop. What belongs to an input
+    partition is its ``PartitionState`` (stage.runtime.partition); each step is a collaborator
+    that is handed what it may touch."""
 
     def __init__(self, cfg: StageConfig, *, clock=None, stats: RuntimeStats | None = None,
                  limits: InputLimits = InputLimits()) -> None:
@@ -85,44 +94,59 @@ class StageRuntime(IntakeSteps, DeadlineSteps, PublicationSteps, AssignmentSteps
         self.codecs = build_codecs(cfg)
         self.dims_cache = RouteDimsCache()
         self.topics = (cfg.topics.receipts, cfg.topics.staged_calls)
-        self.buffers: dict[int, PartitionBuffer] = {}
-        self.epochs: dict[int, int] = {}          # bumped whenever a partition is (re)assigned
-        self.loading: dict[int, tuple[Future, int]] = {}   # partition -> ledger load, its epoch
-        self.inflight: dict[tuple[int, str], Future] = {}
-        self.waiting: list = []                   # (group, why, epoch) taken but not yet submitted
-        self.done: list[Outputs] = []             # finalized, waiting for a transaction
-        self.dead_letters: list[DeadLetter] = []  # for the next transaction
-        self.tombstones: list = []
-        # partition -> input topic -> highest offset dead-lettered (from the ledger, then ours)
-        self.dl_watermarks: dict[int, dict[str, int]] = {}
-        self.halted: dict[int, str] = {}          # partition -> why finalization stopped there
-        self.held: dict[int, str] = {}            # partition -> why its due deadlines wait
+        self.partition_count = 0          # of every co-partitioned topic, checked at start
+        self.clients = Clients()
+        self.partitions = Partitions()
         self.pauses = PauseSet(self.topics)
         self.resolver = SchemaResolver() if cfg.framing == "confluent" else None
-        self._bp_paused = False
-        self._blocked: set[tuple[str, int]] = set()   # put back during this consume batch
+        self.partitions.on_drop(self.pauses.forget)
+        if self.resolver is not None:
+            self.partitions.on_drop(self.resolver.forget)
         self._fatal: exits.StageExit | None = None
         self._stop = threading.Event()
-        self._last_commit = time.monotonic()
-        self._offsets_dirty = False
-        self.committed: dict[tuple[str, int], int] = {}   # (topic, partition) -> committed offset
-        self.consumer: Consumer | None = None
-        self.admin: AdminClient | None = None
-        self.probe: EndOffsetProbe | None = None
-        self.queries: BrokerQueries | None = None
-        self.start_offsets: StartOffsets | None = None
-        self.publisher = None
-        self.partitions = 0
         self.pool = ThreadPoolExecutor(cfg.finalize_workers, thread_name_prefix="finalize")
-        # One transaction at a time, off the loop thread: (future, outputs, batch) or None.
+        # One transaction at a time, off the loop thread.
         self.publish_pool = ThreadPoolExecutor(1, thread_name_prefix="publish")
         # A load may wait out a stalled replica's open transaction: enough threads that one such
         # partition does not hold up the others' loads.
         self.loader_pool = ThreadPoolExecutor(8, thread_name_prefix="ledger")
-        self._flight = None
-        self._flight_started = 0.0
         self._topology = None
         self.health = None
+        self._build_steps()
+
+    def _build_steps(self) -> None:
+        cfg, parts, stats = self.cfg, self.partitions, self.stats
+        rewind = lambda: self.assignment.rewind()  # noqa: E731 - the assignment is made below
+        self.loads = LedgerLoads(cfg, pool=self.loader_pool, ledger_codec=self.codecs["LedgerEntry"],
+                                 partitions=parts, pauses=self.pauses, clients=self.clients,
+                                 stop=self._stop)
+        self.intake = Intake(topics=cfg.topics, codecs=self.codecs, limits=self.limits,
+                             partition_count=lambda: self.partition_count, partitions=parts,
+                             pauses=self.pauses, resolver=self.resolver, clients=self.clients,
+                             stats=stats, rewind=rewind)
+        self.deadlines = Deadlines(topics=self.topics, hold_max_ms=cfg.deadline_hold_max_ms,
+                                   partitions=parts, pauses=self.pauses, clients=self.clients,
+                                   stats=stats)
+        self.finalization = Finalization(
+            pool=self.pool, max_inflight=cfg.max_inflight_groups, partitions=parts,
+            pauses=self.pauses, stats=stats,
+            task=dict(config=cfg.finalize, dims_cache=self.dims_cache, codecs=self.codecs,
+                      topics=cfg.topics, limits=self.limits, now_ms=self.clock.now_ms))
+        self.publication = Publication(cfg, pool=self.publish_pool, clients=self.clients,
+                                       ledger_codec=self.codecs["LedgerEntry"], clock=self.clock,
+                                       partitions=parts, stats=stats, rewind=rewind,
+                                       declare_fatal=self._declare_fatal)
+        self.assignment = Assignment(cfg, partition_count=lambda: self.partition_count,
+                                     partitions=parts, pauses=self.pauses, loads=self.loads,
+                                     finalization=self.finalization, publish=self._publish,
+                                     clients=self.clients, stats=stats, fatal=lambda: self._fatal,
+                                     declare_fatal=self._declare_fatal)
+        self.backpressure = BackPressure(
+            cfg, partitions=parts, pauses=self.pauses, stats=stats,
+            busy=lambda: self.finalization.busy or self.publication.in_flight)
+
+    def _declare_fatal(self, fatal: exits.StageExit) -> None:
+        self._fatal = fatal
 
     # -- lifecycle -------------------------------------------------------------------------
     def stop(self) -> None:
@@ -135,44 +159,45 @@ class StageRuntime(IntakeSteps, DeadlineSteps, PublicationSteps, AssignmentSteps
     def start(self) -> None:
         """Check everything that would fail every group (topics, device, schemas) before
         joining the group. Raises StageExit with the operator's message."""
-        cfg = self.cfg
+        cfg, clients = self.cfg, self.clients
         logger.info("starting: bootstrap %s, group %s, %s, framing %s, finalize device %s, routes %s",
                     cfg.bootstrap_servers, cfg.group_id, cfg.processing, cfg.framing,
                     cfg.finalize.device, _routes_mode(cfg))
-        self.admin, self.partitions = connect_admin(cfg)
+        clients.admin, self.partition_count = connect_admin(cfg)
         probe_device(cfg.finalize.device)
         register_output_schemas(self.codecs, OUTPUT_RECORDS, self._stop)
         producer = Producer(producer_config(cfg))
-        self.publisher = (TransactionalPublisher(producer, cfg.transaction_timeout_ms / 1000)
-                          if cfg.processing == EXACTLY_ONCE else AtLeastOncePublisher(producer))
+        clients.publisher = (TransactionalPublisher(producer, cfg.transaction_timeout_ms / 1000)
+                             if cfg.processing == EXACTLY_ONCE else AtLeastOncePublisher(producer))
         try:
-            self.publisher.start()
+            clients.publisher.start()
         except StageFatal as error:
             raise exits.kafka_fatal(f"init_transactions failed: {error}") from None
-        self.queries = BrokerQueries(cfg)
-        self.probe = EndOffsetProbe(self.queries, self.clock.now_ms)
-        self.start_offsets = StartOffsets(self.queries)
+        clients.queries = BrokerQueries(cfg)
+        clients.probe = EndOffsetProbe(clients.queries, self.clock.now_ms)
+        clients.start_offsets = StartOffsets(clients.queries)
         consumer_conf = consumer_config(cfg)
         if cfg.statistics_interval_ms > 0:  # per-partition consumer lag for /metrics
             consumer_conf.setdefault("statistics.interval.ms", cfg.statistics_interval_ms)
             consumer_conf["stats_cb"] = self.stats.sink.librdkafka_stats
-        self.consumer = Consumer(consumer_conf)
+        clients.consumer = Consumer(consumer_conf)
         # The staged-calls topic is assigned by hand (not subscribed): load its metadata now so
         # its partitions start fetching as soon as they are assigned.
-        self.consumer.list_topics(cfg.topics.staged_calls, timeout=10)
-        self.consumer.subscribe([cfg.topics.receipts], on_assign=self._on_assign,
-                                on_revoke=self._on_revoke, on_lost=self._on_lost)
+        clients.consumer.list_topics(cfg.topics.staged_calls, timeout=10)
+        clients.consumer.subscribe([cfg.topics.receipts], on_assign=self._on_assign,
+                                   on_revoke=self._on_revoke, on_lost=self._on_lost)
         if cfg.metrics_port and self.health is None:
             from stage.observability import HealthServer
             self.health = HealthServer(self, cfg.metrics_port).start()
             logger.info("metrics and health on :%d (/metrics, /healthz, /readyz)", self.health.port)
-        self._topology = PartitionWatch(self.queries, self.topics, self.partitions, _TOPOLOGY_CHECK_S)
+        self._topology = PartitionWatch(clients.queries, self.topics, self.partition_count,
+                                        _TOPOLOGY_CHECK_S)
         logger.info("stage started: %d partitions per topic, %s, transactional.id=%s; joining group %s",
-                    self.partitions, cfg.processing, cfg.effective_transactional_id, cfg.group_id)
+                    self.partition_count, cfg.processing, cfg.effective_transactional_id, cfg.group_id)
 
     def run(self, *, max_seconds: float | None = None) -> None:
         """Run until stop() (or SIGTERM with install_signal_handlers), then shut down cleanly."""
-        if self.consumer is None:
+        if self.clients.consumer is None:
             self.start()
         deadline = None if max_seconds is None else time.monotonic() + max_seconds
         try:
@@ -183,18 +208,19 @@ class StageRuntime(IntakeSteps, DeadlineSteps, PublicationSteps, AssignmentSteps
 
     def shutdown(self) -> None:
         """Stop fetching, finish what is in flight within the revoke budget, publish, close."""
-        if self.consumer is None:
+        consumer = self.clients.consumer
+        if consumer is None:
             return
         before = self.stats.total("groups_published")
         try:
             if self._fatal is None:
-                for p in self._assigned():
+                for p in self.partitions.numbers():
                     self.pauses.hold(p, SHUTDOWN)
-                self.pauses.apply(self.consumer, self._assigned())
-                self._submit()
-                self._drain(self.cfg.revoke_budget_ms / 1000)
+                self.pauses.apply(consumer, self.partitions.numbers())
+                self.finalization.submit()
+                self.finalization.drain(self.cfg.revoke_budget_ms / 1000)
                 self._publish(force=True)
-            self.consumer.close()  # leaves the group (the revoke callback publishes nothing new)
+            consumer.close()  # leaves the group (the revoke callback publishes nothing new)
         except (StageFatal, exits.StageExit, KafkaException) as error:
             logger.error("shutdown could not publish what was finished: %s", error)
         finally:
@@ -205,65 +231,106 @@ class StageRuntime(IntakeSteps, DeadlineSteps, PublicationSteps, AssignmentSteps
             self.publish_pool.shutdown(wait=not stuck)
             if self.resolver is not None:
                 self.resolver.close()
-            if self.queries is not None:
-                self.queries.close()
+            if self.clients.queries is not None:
+                self.clients.queries.close()
             if not stuck:
-                self.publisher.close()
-            self.consumer = None
+                self.clients.publisher.close()
+            self.clients.consumer = None
             if self.health is not None:
                 self.health.stop()
                 self.health = None
         flushed = self.stats.total("groups_published") - before
-        unpublished = len(self.inflight) + len(self.waiting) + len(self.done) + sum(
-            b.open_groups for b in self.buffers.values())
         logger.info("stopped: %d groups published on shutdown, %d in total; %d transactions committed, "
                     "%d aborted; %d groups left unpublished (re-read from the committed offsets by "
                     "the next owner); committed offsets %s", flushed,
                     self.stats.total("groups_published"), self.stats.total("transactions_committed"),
-                    self.stats.total("transactions_aborted"), unpublished,
-                    {f"{t}[{p}]": o for (t, p), o in sorted(self.committed.items())} or "unchanged")
+                    self.stats.total("transactions_aborted"), self._unpublished(),
+                    self.publication.committed_offsets() or "unchanged")
         if self._fatal is not None and self._fatal.abandon_threads:
             raise self._fatal      # also after a SIGTERM: the caller must not join the stuck thread
+
+    def _unpublished(self) -> int:
+        parts = self.partitions
+        return (len(self.finalization.inflight) + parts.queued("waiting") + parts.queued("done")
+                + sum(s.open_groups for s in parts))
 
     # -- one iteration ---------------------------------------------------------------------
     def step(self) -> None:
         if self._fatal is not None:
             raise self._fatal
-        messages = self.consumer.consume(num_messages=1000, timeout=self.cfg.poll_timeout_ms / 1000)
+        consumer = self.clients.consumer
+        messages = consumer.consume(num_messages=1000, timeout=self.cfg.poll_timeout_ms / 1000)
         now = self.clock.now_ms()
-        self._blocked.clear()
-        for msg in messages:
-            self._intake(msg, now)
-        self._finish_loads()
-        self._resolve_schemas()
-        self._take_ready(now)
-        self._submit()
-        self._collect()
+        self.intake.batch(messages, now)
+        self.loads.finish()
+        self.intake.resolve_schemas()
+        self.deadlines.take_ready(now)
+        self.finalization.submit()
+        self.finalization.collect()
         self._publish()
-        self._backpressure()
+        self.backpressure.apply()
         self._check_topology()
-        self.pauses.apply(self.consumer, self._assigned())
+        self.pauses.apply(consumer, self.partitions.numbers())
         self.stats.set("paused_partitions", self.pauses.paused_count)
-        self.stats.set("inflight_groups", len(self.inflight) + len(self.done) + len(self.waiting))
+        self.stats.set("inflight_groups", len(self.finalization.inflight)
+                       + self.partitions.queued("done") + self.partitions.queued("waiting"))
         self.stats.set("schema_registry_unavailable", 1.0 if self.resolver and self.resolver.unavailable else 0.0)
         self.stats.heartbeat()
         if self._fatal is not None:
             raise self._fatal
 
-    def _assigned(self) -> list[int]:
-        return sorted(set(self.buffers) | set(self.loading))
+    def _publish(self, force: bool = False) -> None:
+        self.publication.publish(force)
 
-    # -- readiness -------------------------------------------------------------------------
+    def _check_topology(self) -> None:
+        if self._topology is None or self._fatal is not None:
+            return
+        changed = self._topology.poll()
+        if changed:
+            topic, count = changed
+            self._fatal = repartitioned(topic, self.partition_count, count)
+
+    # -- rebalance callbacks (registered with the consumer) --------------------------------
+    def _on_assign(self, consumer, partitions) -> None:
+        self.assignment.on_assign(consumer, partitions)
+
+    def _on_revoke(self, consumer, partitions) -> None:
+        self.assignment.on_revoke(consumer, partitions)
+
+    def _on_lost(self, consumer, partitions) -> None:
+        self.assignment.on_lost(consumer, partitions)
+
+    # -- what it holds, for readiness, tests and operators ---------------------------------
+    @property
+    def consumer(self):
+        return self.clients.consumer
+
+    @property
+    def publisher(self):
+        return self.clients.publisher
+
+    @property
+    def buffers(self) -> dict:
+        """Partition -> its buffer, for the partitions whose ledger has loaded."""
+        return {s.number: s.buffer for s in self.partitions.loaded()}
+
+    @property
+    def halted(self) -> dict[int, str]:
+        """Partition -> why finalization stopped there."""
+        return {s.number: s.halted for s in self.partitions if s.halted is not None}
+
     def readiness(self) -> tuple[bool, str]:
-        if not self._assigned():
+        if not len(self.partitions):
             return False, "no partitions assigned"
-        if self.loading:
-            return False, f"loading the ledger of partitions {sorted(self.loading)}"
-        if self.halted:
-            return False, "partitions halted: " + "; ".join(f"{p}: {why}" for p, why in sorted(self.halted.items()))
+        loading = self.loads.loading
+        if loading:
+            return False, f"loading the ledger of partitions {loading}"
+        halted = self.halted
+        if halted:
+            return False, "partitions halted: " + "; ".join(f"{p}: {why}" for p, why in sorted(halted.items()))
         if self.resolver is not None and self.resolver.unavailable:
             return False, f"schema registry unavailable: {self.resolver.last_error}"
-        return True, f"{len(self.buffers)} partitions assigned"
+        return True, f"{len(self.partitions.loaded())} partitions assigned"
 
     @property
     def ready(self) -> bool:

@@ -4,6 +4,10 @@ librdkafka keeps one pause flag per topic-partition; the stage has several indep
 to stop fetching one (back-pressure, a ledger still loading, a schema-registry outage, a halted
 partition, shutdown). A co-partitioned pair (receipts p + staged calls p) is fetched only when
 no reason holds for p, and resuming for one reason never undoes another.
+
+The reasons of an assigned partition are its own (``PartitionState.paused_for``, adopted here
+when the partition is assigned); this object also remembers which partitions it has paused in
+the consumer, which is consumer state and is forgotten when the partition leaves.
 """
 
 from __future__ import annotations
@@ -22,6 +26,10 @@ class PauseSet:
         self.topics = topics
         self.reasons: dict[int, set[str]] = {}
         self._applied: set[int] = set()   # partitions paused in the consumer right now
+
+    def adopt(self, partition: int, reasons: set[str]) -> None:
+        """Track ``reasons`` (the partition's own set) as the reasons ``partition`` is held."""
+        self.reasons[partition] = reasons
 
     def hold(self, partition: int, reason: str) -> None:
         self.reasons.setdefault(partition, set()).add(reason)

@@ -1,7 +1,15 @@
-"""The loop's finalize and publish steps: ready groups -> the finalize pool -> one transaction
-at a time on the publisher thread, with the dead letters, the ledger entries and the input
-offsets; a group that fails in finalization halts its partition. Part of StageRuntime
-(stage.runtime.loop)."""
+"""The publish step: finalized outputs, dead letters and ledger tombstones -> one transaction
+at a time on the publisher thread, with a ledger entry per group and the input offsets it
+covers; a publication that never returns from the Kafka client stops the stage.
+
+Owns: the transaction in flight (``_flight``: future, outputs, batch) and when it began, when
+offsets were last committed. Touches, of a partition: its ``done``, ``dead_letters`` and
+``tombstones`` queues, ``offsets_moved``, its dead-letter watermarks (read), its buffer (marks
+groups published, expires ledger entries) and ``committed``. Uses: the publisher and the
+consumer's group metadata (clients), the publish pool, the ledger codec, the stats. An aborted
+transaction asks ``rewind`` to start every partition over; a stuck one is reported to
+``declare_fatal``.
+"""
 
 from __future__ import annotations
 
@@ -14,55 +22,36 @@ from confluent_kafka import TopicPartition
 from stage.publish import Batch, PublishAborted, StageFatal
 from stage.publish.deadletters import DEAD_LETTER_WATERMARK_KEY, watermark_entry
 from stage.runtime import exits
-from stage.runtime.pauses import HALTED
-from stage.runtime.worker import Outputs, finalize_and_encode
 
 logger = logging.getLogger("stage.runtime.loop")
 
 # Kafka's transaction.abort.timed.out.transaction.cleanup.interval.ms (10 s) and a margin.
 _ABORT_SWEEP_S = 15.0
+_OFFSETS_ONLY_EVERY_S = 1.0   # a transaction carrying only moved offsets, at most this often
 
 
-class PublicationSteps:
-    def _submit(self) -> None:
-        while self.waiting and len(self.inflight) + len(self.done) < self.cfg.max_inflight_groups:
-            group, why, epoch = self.waiting.pop(0)
-            future = self.pool.submit(
-                finalize_and_encode, group, why, epoch, config=self.cfg.finalize,
-                dims_cache=self.dims_cache, codecs=self.codecs, topics=self.cfg.topics,
-                limits=self.limits, now_ms=self.clock.now_ms)
-            self.inflight[(group.partition, group.group_id)] = future
+class Publication:
+    def __init__(self, cfg, *, pool, clients, ledger_codec, clock, partitions, stats, rewind,
+                 declare_fatal) -> None:
+        self.cfg = cfg
+        self.topics = cfg.topics
+        self.pool = pool                    # one thread: one transaction at a time
+        self.clients = clients
+        self.ledger_codec = ledger_codec
+        self.clock = clock
+        self.partitions = partitions
+        self.stats = stats
+        self.rewind = rewind
+        self.declare_fatal = declare_fatal
+        self._flight = None                 # (future, outputs, batch) or None
+        self._flight_started = 0.0
+        self._last_commit = time.monotonic()
 
-    def _collect(self) -> None:
-        """Move finished finalizations to ``done`` (dropping results of revoked partitions)."""
-        for key, future in list(self.inflight.items()):
-            if future.done():
-                del self.inflight[key]
-                outputs = future.result()  # finalize_and_encode never raises
-                if self.epochs.get(outputs.partition) != outputs.epoch:
-                    continue
-                if outputs.error is not None:
-                    self._halt(outputs)
-                    continue
-                self.done.append(outputs)
-                self.stats.observe("finalize_seconds", outputs.finalize_s)
+    @property
+    def in_flight(self) -> bool:
+        return self._flight is not None
 
-    def _halt(self, out: Outputs) -> None:
-        """A group failed in finalization for a reason that fails every group (device, route
-        dims, encoding): stop this partition here. The group stays unpublished and holds the
-        committed offset, so a restart (after the cause is fixed) finalizes it again."""
-        self.stats.inc("finalize_errors")
-        if out.partition not in self.halted:
-            self.halted[out.partition] = f"group {out.group_id}: {out.error}"
-            logger.error("partition %d halted: group %s failed in finalization (%s). Nothing past it "
-                         "is committed; fix the cause and restart the stage. Other partitions go on.",
-                         out.partition, out.group_id, out.error)
-        self.pauses.hold(out.partition, HALTED)
-        self.waiting = [w for w in self.waiting if w[0].partition != out.partition]
-        self.stats.set("halted_partitions", len(self.halted))
-
-    # -- publication -----------------------------------------------------------------------
-    def _publish(self, force: bool = False) -> None:
+    def publish(self, force: bool = False) -> None:
         """Keep one transaction in flight on the publisher thread while the loop goes on
         consuming and finalizing; apply its outcome when it completes. ``force``: publish
         everything finished now and wait (shutdown, revoke)."""
@@ -75,57 +64,63 @@ class PublicationSteps:
             batch = self._next_batch(force)
             if batch is None:
                 return
-            future = self.publish_pool.submit(self._timed_publish, batch[1])
+            future = self.pool.submit(self._timed_publish, batch[1])
             self._flight = (future, *batch)
             self._flight_started = time.monotonic()
             if not force:
                 return
             self._land(*self._flight)
-            if not self.done and not self.dead_letters and not self.tombstones:
+            if not any(self.partitions.queued(q) for q in ("done", "dead_letters", "tombstones")):
                 return
 
     def _next_batch(self, force: bool):
-        oldest = min((o.ready_at for o in self.done), default=None)
-        due = (force or len(self.done) >= self.cfg.publish_batch_groups or self.dead_letters
+        parts = self.partitions
+        done = parts.items("done")
+        oldest = min((o.ready_at for o in done), default=None)
+        moved = any(s.offsets_moved for s in parts)
+        due = (force or len(done) >= self.cfg.publish_batch_groups or parts.queued("dead_letters")
                or (oldest is not None and time.monotonic() - oldest >= self.cfg.publish_linger_ms / 1000)
-               or (self._offsets_dirty and time.monotonic() - self._last_commit >= 1.0))
+               or (moved and time.monotonic() - self._last_commit >= _OFFSETS_ONLY_EVERY_S))
         if not due:
             return None
-        outputs = self.done[:self.cfg.publish_batch_groups]
-        del self.done[:len(outputs)]
+        outputs = parts.take_oldest("done", self.cfg.publish_batch_groups)
         batch = Batch()
         for out in outputs:
             key = out.group_id.encode("utf-8")
             for topic, value in out.records:
                 batch.records.append((topic, out.partition, key, value, None))
-            batch.records.append((self.cfg.topics.stage_ledger, out.partition, key, out.ledger_value, None))
-        batch.records.extend(dl.record(self.cfg.topics.dead_letter) for dl in self.dead_letters)
-        batch.records.extend(self._watermark_records({dl.source_partition for dl in self.dead_letters}))
-        batch.records.extend(self.tombstones)
-        self.dead_letters, self.tombstones = [], []
+            batch.records.append((self.topics.stage_ledger, out.partition, key, out.ledger_value, None))
+        dead_letters = parts.take_oldest("dead_letters")
+        batch.records.extend(dl.record(self.topics.dead_letter) for dl in dead_letters)
+        batch.records.extend(self._watermark_records({dl.source_partition for dl in dead_letters}))
+        batch.records.extend(parts.take_oldest("tombstones"))
         batch.offsets = self._committable({(o.partition, o.group_id) for o in outputs})
-        batch.group_metadata = self.consumer.consumer_group_metadata()
-        self._offsets_dirty = False
+        batch.group_metadata = self.clients.consumer.consumer_group_metadata()
+        for state in parts:
+            state.offsets_moved = False
         if not batch:
             return None
         return outputs, batch
 
     def _watermark_records(self, partitions) -> list:
         """The ledger entry that makes this transaction's dead letters exactly once."""
-        codec, now = self.codecs["LedgerEntry"], self.clock.now_ms()
+        now = self.clock.now_ms()
         out = []
         for p in sorted(partitions):
-            marks = self.dl_watermarks.get(p, {})
-            entry = watermark_entry(p, marks.get(self.cfg.topics.receipts, -1),
-                                    marks.get(self.cfg.topics.staged_calls, -1), now)
-            out.append((self.cfg.topics.stage_ledger, p, DEAD_LETTER_WATERMARK_KEY, codec.encode(entry), None))
+            state = self.partitions.get(p)
+            marks = state.dead_letter_marks if state is not None else {}
+            entry = watermark_entry(p, marks.get(self.topics.receipts, -1),
+                                    marks.get(self.topics.staged_calls, -1), now)
+            out.append((self.topics.stage_ledger, p, DEAD_LETTER_WATERMARK_KEY,
+                        self.ledger_codec.encode(entry), None))
         return out
 
     def _timed_publish(self, batch: Batch) -> float:
         started = time.monotonic()
-        self.publisher.publish(batch, self.consumer)
+        self.clients.publisher.publish(batch, self.clients.consumer)
         return time.monotonic() - started
 
+    # -- a publication that does not come back --------------------------------------------
     def _stall_deadline(self) -> float:
         """Past the transaction timeout (plus the brokers' abort sweep) a publication can no
         longer commit: the brokers abort it. A call still running then is stuck, not slow."""
@@ -138,9 +133,11 @@ class PublicationSteps:
     def _stalled(self) -> None:
         age = time.monotonic() - self._flight_started
         logger.error("publication stuck for %.0fs in the Kafka client; stopping", age)
-        self._fatal = exits.publish_stalled(age, self.cfg.effective_transactional_id)
-        raise self._fatal
+        fatal = exits.publish_stalled(age, self.cfg.effective_transactional_id)
+        self.declare_fatal(fatal)
+        raise fatal
 
+    # -- a publication that came back ------------------------------------------------------
     def _land(self, future, outputs, batch) -> None:
         """Apply a finished publication: mark its groups published, or rewind after an abort."""
         if not wait([future], timeout=max(0.0, self._stall_deadline() - time.monotonic())).done:
@@ -148,11 +145,11 @@ class PublicationSteps:
         self._flight = None
         try:
             seconds = future.result()
-            self.publisher.commit_offsets(batch, self.consumer)  # at-least-once only
+            self.clients.publisher.commit_offsets(batch, self.clients.consumer)  # at-least-once only
         except PublishAborted as error:
             logger.warning("publication aborted (%s); rewinding to the committed offsets", error)
             self.stats.inc("transactions_aborted")
-            self._rewind()
+            self.rewind()
             return
         except StageFatal as error:
             text = str(error)
@@ -163,9 +160,9 @@ class PublicationSteps:
         self.stats.observe("publish_seconds", seconds)
         now = self.clock.now_ms()
         for out in outputs:
-            buffer = self.buffers.get(out.partition)
-            if buffer is not None and out.group_id in buffer.groups:
-                buffer.mark_published(out.group_id, now)
+            state = self.partitions.get(out.partition)
+            if state is not None and state.buffer is not None and out.group_id in state.buffer.groups:
+                state.buffer.mark_published(out.group_id, now)
             self.stats.inc("groups_published", outcome=out.outcome)
             self.stats.inc("rows_published", out.valid_rows, valid="true")
             self.stats.inc("rows_published", out.total_rows - out.valid_rows, valid="false")
@@ -186,21 +183,26 @@ class PublicationSteps:
         that stalled past its session timeout (KIP-447 checks the group generation there), so
         no transaction may go without one."""
         offsets = []
-        for partition, buffer in self.buffers.items():
-            excluding = {group_id for p, group_id in publishing if p == partition}
-            for topic in self.topics:
-                committed = self.committed.get((topic, partition))
-                candidate = buffer.committable(topic, committed, excluding=excluding)
+        for state in self.partitions.loaded():
+            excluding = {group_id for p, group_id in publishing if p == state.number}
+            for topic in (self.topics.receipts, self.topics.staged_calls):
+                candidate = state.buffer.committable(topic, state.committed.get(topic), excluding=excluding)
                 if candidate is not None:
-                    offsets.append(TopicPartition(topic, partition, candidate))
+                    offsets.append(TopicPartition(topic, state.number, candidate))
         return offsets
 
     def _remember_committed(self, offsets: list[TopicPartition]) -> None:
         for tp in offsets:
-            self.committed[(tp.topic, tp.partition)] = tp.offset
+            state = self.partitions.get(tp.partition)
+            if state is not None:
+                state.committed[tp.topic] = tp.offset
         now = self.clock.now_ms()
-        for partition, buffer in self.buffers.items():
-            committed = {topic: off for (topic, p), off in self.committed.items() if p == partition}
-            for group_id in buffer.expire_published(committed, now):
-                self.tombstones.append((self.cfg.topics.stage_ledger, partition,
-                                        group_id.encode("utf-8"), None, None))
+        for state in self.partitions.loaded():
+            for group_id in state.buffer.expire_published(state.committed, now):
+                state.tombstones.append((self.partitions.stamp(), (
+                    self.topics.stage_ledger, state.number, group_id.encode("utf-8"), None, None)))
+
+    def committed_offsets(self) -> dict[str, int]:
+        """``topic[partition]`` -> the offset this process last committed there (for logs)."""
+        return {f"{topic}[{s.number}]": offset for s in self.partitions
+                for topic, offset in sorted(s.committed.items())}

@@ -13,7 +13,7 @@ from .codec import (
 from .errors import RegistryError, SchemaNotCached, WireError
 from .schemas import SCHEMAS_DIR_ENV, schema, schema_json, schema_names, schemas_dir
 from .tensors import STORAGE_DTYPES, pack_tensor, unpack_tensor, unpack_torch
-from .topics import (
+from stage.config.topics import (
     CANONICAL_ROWS_TOPIC,
     DEAD_LETTER_TOPIC,
     FINALIZED_GROUPS_TOPIC,
@@ -21,10 +21,10 @@ from .topics import (
     ROUTE_PLANS_TOPIC,
     STAGE_LEDGER_TOPIC,
     STAGED_CALLS_TOPIC,
-    TOPIC_RECORDS,
     TopicNames,
-    value_subject,
 )
+
+from .topics import TOPIC_RECORDS, value_subject
 
 __all__ = [
     "AvroCodec", "DEFAULT_MAX_RECORD_BYTES", "SMALL_RECORD_MAX_BYTES", "default_max_record_bytes",

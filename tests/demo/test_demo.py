@@ -6,7 +6,7 @@ import json
 import pytest
 
 from stage.cli import _parser, main
-from stage.demo.cli import options
+from stage.cli.demo import options
 from stage.demo import DemoOptions, run_demo
 from stage.workload import GARBAGE, ROLLOUT_FAULTS, FaultRates, WorkloadConfig, generate
 

@@ -88,7 +88,7 @@ def check_published(bootstrap: str, demo_argv: list[str], topics, *, timeout: fl
     from stage.cli import _parser
     from stage.client import CanonicalReader
     from stage.demo import checks as C
-    from stage.demo.cli import options
+    from stage.cli.demo import options
     from stage.demo.run import CLIENT_TIMEOUTS, finalize_config, read_topic
     from stage.wire import AvroCodec
     from stage.workload import generate

@@ -29,8 +29,8 @@ def runtime(monkeypatch):
 
 def _in_flight(rt, started_ago: float) -> Future:
     future = Future()
-    rt._flight = (future, [], Batch(offsets=[object()]))
-    rt._flight_started = time.monotonic() - started_ago
+    rt.publication._flight = (future, [], Batch(offsets=[object()]))
+    rt.publication._flight_started = time.monotonic() - started_ago
     return future
 
 
@@ -38,7 +38,7 @@ def test_a_publication_past_the_transaction_timeout_stops_the_stage(runtime):
     _in_flight(runtime, 0.2)
     runtime._publish()                                  # young: the loop goes on
     assert runtime._fatal is None
-    runtime._flight_started -= 1.0                      # now past transaction_timeout_ms
+    runtime.publication._flight_started -= 1.0                      # now past transaction_timeout_ms
     with pytest.raises(StageExit) as stop:
         runtime._publish()
     assert stop.value.code == EXIT_KAFKA_FATAL and stop.value.abandon_threads
@@ -48,7 +48,7 @@ def test_a_publication_past_the_transaction_timeout_stops_the_stage(runtime):
 
 def test_a_forced_publish_waits_only_until_the_limit(runtime):
     future = _in_flight(runtime, 0.5)
-    runtime.publisher = SimpleNamespace(commit_offsets=lambda batch, consumer: None)
+    runtime.clients.publisher = SimpleNamespace(commit_offsets=lambda batch, consumer: None)
     threading.Timer(5.0, future.set_result, args=(5.0,)).start()   # a waiter without a limit fails
     started = time.monotonic()
     with pytest.raises(StageExit):
@@ -59,12 +59,12 @@ def test_a_forced_publish_waits_only_until_the_limit(runtime):
 def test_a_slow_publication_that_finishes_in_time_lands(runtime, monkeypatch):
     future = _in_flight(runtime, 0.0)
     landed = []
-    runtime.publisher = SimpleNamespace(commit_offsets=lambda batch, consumer: None)
-    monkeypatch.setattr(runtime, "_remember_committed", lambda offsets: landed.append(offsets))
+    runtime.clients.publisher = SimpleNamespace(commit_offsets=lambda batch, consumer: None)
+    monkeypatch.setattr(runtime.publication, "_remember_committed", lambda offsets: landed.append(offsets))
     threading.Timer(0.3, future.set_result, args=(0.3,)).start()
-    monkeypatch.setattr(runtime, "_next_batch", lambda force: None)
+    monkeypatch.setattr(runtime.publication, "_next_batch", lambda force: None)
     runtime._publish(force=True)
-    assert runtime._fatal is None and runtime._flight is None and len(landed) == 1
+    assert runtime._fatal is None and runtime.publication._flight is None and len(landed) == 1
 
 
 def test_a_revoke_after_the_stall_lets_the_partitions_go_without_publishing(runtime):

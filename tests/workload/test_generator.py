@@ -10,7 +10,7 @@ from stage.client import staged_call_from_record
 from stage.contract import verify_and_linearize
 from stage.decode import staged_row
 from stage.demo.checks import recompute_group
-from stage.demo.cli import FAULT_NAMES
+from stage.cli.demo import FAULT_NAMES
 from stage.finalize import ReassemblyConfig
 from stage.routes import ROUTED_EXPERTS_BOUNDARY_INDEX_FIELD
 from stage.wire import AvroCodec, WireError

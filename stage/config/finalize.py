@@ -6,11 +6,11 @@ from typing import Annotated, Literal
 
 from pydantic import BeforeValidator, Field, model_validator
 
+from stage.config.topics import STAGED_CALLS_TOPIC
 from stage.config.types import ConfigModel, Device, Int, IntChoice, bounded_int, conflict
 from stage.routes import ROUTE_PLAN_SCHEMA_VERSION
 
-# stage.wire.STAGED_CALLS_TOPIC (not imported: finalize stays free of the wire layer)
-DEFAULT_STAGING_PARTITION = "rollouts.staged-calls"
+DEFAULT_STAGING_PARTITION = STAGED_CALLS_TOPIC
 
 
 def _none_text(value):
