@@ -244,20 +244,49 @@ class KraftCluster:
         self.wait_brokers(len(self.nodes), timeout=max(1.0, deadline - time.monotonic()))
         return self
 
-    def wait_brokers(self, count: int, timeout: float = 60.0) -> None:
-        from confluent_kafka.admin import AdminClient
+    def _metadata(self):
+        """Cluster metadata through a consumer: librdkafka's admin client has aborted a process
+        (an enq_once assertion) beside a broker restart; a consumer's metadata request has not."""
+        from confluent_kafka import Consumer
         quiet = logging.getLogger("kraft.wait")
         quiet.setLevel(logging.CRITICAL)
-        admin = AdminClient({"bootstrap.servers": self.bootstrap}, logger=quiet)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                if len(admin.list_topics(timeout=2).brokers) >= count:
-                    return
-            except Exception:  # noqa: BLE001 - not up yet
-                pass
-            time.sleep(0.3)
+        return Consumer({"bootstrap.servers": self.bootstrap, "group.id": "kraft-wait"}, logger=quiet)
+
+    def wait_brokers(self, count: int, timeout: float = 60.0) -> None:
+        reader = self._metadata()
+        try:
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                try:
+                    if len(reader.list_topics(timeout=2).brokers) >= count:
+                        return
+                except Exception:  # noqa: BLE001 - not up yet
+                    pass
+                time.sleep(0.3)
+        finally:
+            reader.close()
         raise TimeoutError(f"{count} brokers not registered after {timeout}s; see {self.root}")
+
+    def wait_in_sync(self, timeout: float = 120.0) -> None:
+        """Until no partition of any topic (internal ones included) is under-replicated: what a
+        rolling restart waits for before it stops the next broker."""
+        reader = self._metadata()
+        try:
+            deadline = time.monotonic() + timeout
+            lagging: list = ["(no metadata yet)"]
+            while time.monotonic() < deadline:
+                try:
+                    topics = reader.list_topics(timeout=2).topics
+                    lagging = [f"{name}[{p}]" for name, topic in topics.items()
+                               for p, part in topic.partitions.items() if set(part.isrs) != set(part.replicas)]
+                    if not lagging:
+                        return
+                except Exception:  # noqa: BLE001 - a broker still starting
+                    pass
+                time.sleep(0.5)
+        finally:
+            reader.close()
+        raise TimeoutError(f"under-replicated after {timeout}s: {lagging[:10]}; see {self.root}")
 
     def node(self, node_id: int) -> KraftBroker:
         return self.nodes[node_id - 1]

@@ -86,6 +86,14 @@ class StageConfig(ConfigModel):
         description="producer `transaction.timeout.ms`; at most the brokers' "
                     "`transaction.max.timeout.ms` (Kafka's default 900000). A transaction still "
                     "running 15 s past it is stuck in the client: the stage exits 8")
+    publish_stuck_ms: Int = Field(
+        15_000, ge=1000, description="a transaction whose coordinator call (begin, send offsets, commit, "
+                                     "abort: milliseconds normally, whatever the batch size) has not "
+                                     "returned in this long is stuck (librdkafka #5511 after a broker "
+                                     "restart): readiness turns false and a new producer with the same "
+                                     "transactional.id fences the stuck one and aborts its transaction, "
+                                     "then the stage rewinds to the committed offsets. Capped at "
+                                     "`transaction_timeout_ms`")
     max_poll_interval_ms: Int = Field(
         600_000, ge=1, le=86_400_000, description="consumer `max.poll.interval.ms`; must exceed "
                                                   "`revoke_budget_ms + transaction_timeout_ms`")

@@ -45,12 +45,16 @@ COUNTERS = {
     "finalize_errors": ("finalize_errors", "Groups that failed in finalization (their partition halts)", ()),
     "deadlines_forced": ("deadlines_forced", "Deadlines fired after deadline_hold_max_ms of waiting for "
                          "an unavailable input partition", ()),
+    "publication_stuck": ("publication_stuck", "Publications found stuck in a coordinator call past "
+                          "publish_stuck_ms (librdkafka #5511 after a broker restart)", ()),
+    "publication_recoveries": ("publication_recoveries", "Stuck publications recovered in process (a new "
+                               "producer fenced the stuck one, then a rewind)", ()),
 }
 GAUGES = {
     "open_groups": "Groups buffered and not yet published",
     "buffered_bytes": "Bytes of input records held in the buffers",
     "paused_partitions": "Input partitions paused by back-pressure",
-    "assigned_partitions": "Input partitions assigned to this member (receipts and staged calls)",
+    "assigned_partitions": "Input topic-partitions assigned to this member: receipts and staged calls, two per co-partitioned partition",
     "inflight_groups": "Groups finalizing or waiting for a transaction",
     "halted_partitions": "Partitions halted because a group failed in finalization",
     "deadline_held_partitions": "Partitions whose due deadlines wait for an unavailable input partition",
@@ -61,6 +65,7 @@ HISTOGRAMS = {
     "finalize_seconds": "Finalizing one group (verify, rows, routes, encoding)",
     "publish_seconds": "One transaction: produce, send offsets, commit",
     "end_to_end_seconds": "From a group's last input record timestamp to its publication",
+    "publication_recovery_seconds": "From a publication found stuck to its replacement producer being ready",
 }
 
 # Label values known before the first event, per labelled metric (a key of COUNTERS or GAUGES).

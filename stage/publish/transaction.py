@@ -6,6 +6,10 @@ group, dead letters and tombstones, and the committable input offsets
 the three-way taxonomy: retriable -> retry the same call; abortable -> abort, the caller
 rewinds and rebuilds; fatal (fenced, ...) -> stop and let the supervisor restart.
 At-least-once: produce, wait for every delivery, then commit the offsets.
+
+A publisher says which call it is in (``phase``) and since when, so the runtime can tell a
+publication that is slow (producing a large batch) from one stuck in a coordinator call that
+should take milliseconds (librdkafka #5511: send_offsets_to_transaction after a broker restart).
 """
 
 from __future__ import annotations
@@ -64,14 +68,29 @@ def _classify(e: KafkaException) -> Exception:
     return StageFatal(f"unclassified transaction error: {err}")
 
 
+IDLE = "idle"
+PRODUCE = "produce"
+FLUSH = "flush"
+# Calls that only talk to a coordinator: their time does not grow with the batch.
+BEGIN, SEND_OFFSETS, COMMIT, ABORT = ("begin_transaction", "send_offsets_to_transaction",
+                                      "commit_transaction", "abort_transaction")
+COORDINATOR_CALLS = frozenset({BEGIN, SEND_OFFSETS, COMMIT, ABORT})
+
+
 class _Publisher:
-    """What both modes share: the producer, counters, and produce-with-queue-backoff."""
+    """What both modes share: the producer, counters, produce-with-queue-backoff, and the
+    phase of the publication in progress."""
 
     def __init__(self, producer: Producer, timeout_s: float = 60.0) -> None:
         self.producer = producer
         self.timeout_s = timeout_s
         self.committed = 0
         self.aborted = 0
+        self.phase = IDLE
+        self.phase_since = time.monotonic()
+
+    def _enter(self, phase: str) -> None:
+        self.phase, self.phase_since = phase, time.monotonic()
 
     def start(self) -> None:
         pass
@@ -110,16 +129,21 @@ class TransactionalPublisher(_Publisher):
             return
         try:
             crash_point("before_begin")
+            self._enter(BEGIN)
             _call("begin_transaction", self.producer.begin_transaction)
+            self._enter(PRODUCE)
             for topic, partition, key, value, headers in batch.records:
                 self._produce(topic, partition, key, value, headers)
+            self._enter(FLUSH)
             self.producer.flush(self.timeout_s)
             crash_point("after_produce")
             if batch.offsets:
+                self._enter(SEND_OFFSETS)
                 _call("send_offsets_to_transaction", self.producer.send_offsets_to_transaction,
                       batch.offsets, batch.group_metadata or consumer.consumer_group_metadata(),
                       self.timeout_s)
             crash_point("before_commit")
+            self._enter(COMMIT)
             _call("commit_transaction", self.producer.commit_transaction, self.timeout_s)
             crash_point("after_commit")
             self.committed += 1
@@ -131,8 +155,11 @@ class TransactionalPublisher(_Publisher):
         except BufferError as e:
             self.abort()
             raise PublishAborted(f"producer queue full: {e}") from e
+        finally:
+            self._enter(IDLE)
 
     def abort(self) -> None:
+        self._enter(ABORT)
         try:
             self.producer.abort_transaction(self.timeout_s)
             self.aborted += 1
@@ -141,6 +168,8 @@ class TransactionalPublisher(_Publisher):
             if err.fatal():
                 raise StageFatal(f"abort failed fatally: {err}") from e
             logger.warning("abort_transaction: %s", err)
+        finally:
+            self._enter(IDLE)
 
 
 class AtLeastOncePublisher(_Publisher):
@@ -156,9 +185,12 @@ class AtLeastOncePublisher(_Publisher):
             if err is not None:
                 failures.append(err)
 
+        self._enter(PRODUCE)
         for topic, partition, key, value, headers in batch.records:
             self._produce(topic, partition, key, value, headers, on_delivery=report)
+        self._enter(FLUSH)
         remaining = self.producer.flush(self.timeout_s)
+        self._enter(IDLE)
         if remaining or failures:
             self.aborted += 1
             raise PublishAborted(f"{remaining} undelivered, {len(failures)} failed: {failures[:3]}")

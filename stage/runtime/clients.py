@@ -12,10 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from stage.config.model import EXACTLY_ONCE, StageConfig
+from stage.runtime.logs import kafka_logger
 
 
 def common(cfg: StageConfig) -> dict:
-    return {"bootstrap.servers": cfg.bootstrap_servers, **cfg.kafka}
+    """Every client: the brokers, the ``kafka:`` passthrough, and librdkafka's log lines through
+    the stage's rate-limited logger (stage.runtime.logs)."""
+    return {"bootstrap.servers": cfg.bootstrap_servers, "logger": kafka_logger(), **cfg.kafka}
 
 
 def consumer_config(cfg: StageConfig) -> dict:

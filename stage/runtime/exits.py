@@ -46,11 +46,12 @@ def kafka_fatal(detail: str) -> StageExit:
 def publish_stalled(seconds: float, transactional_id: str) -> StageExit:
     return StageExit(EXIT_KAFKA_FATAL, (
         f"a Kafka transaction has not completed in {seconds:.0f}s, past the transaction timeout, "
-        "so the brokers have aborted it already. This is how librdkafka's transactional calls "
-        "hang after the group coordinator's broker restarted (librdkafka issues #5511 and #5456: "
-        "send_offsets_to_transaction waits forever on a decommissioned coordinator). The stage "
+        "so the brokers have aborted it already, and no new producer could be started in that "
+        "time to fence it (the brokers did not answer). This is how librdkafka's transactional "
+        "calls hang after a coordinator's broker restarted (librdkafka issues #5511 and #5456); "
+        "normally the stage replaces the stuck producer after publish_stuck_ms and goes on. It "
         "stopped without waiting for the stuck call; nothing past the last committed transaction "
         "was published or committed, and the restarted process (the same transactional.id "
         f"{transactional_id!r} fences this one) resumes from there. Restart it (Kubernetes and "
-        "compose do); if it repeats without broker restarts, check the brokers' logs."),
+        "compose do) and check that the brokers are reachable."),
         abandon_threads=True)

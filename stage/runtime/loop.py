@@ -41,6 +41,7 @@ from stage.runtime.availability import EndOffsetProbe, StartOffsets
 from stage.runtime.backpressure import BackPressure
 from stage.runtime.clients import Clients, consumer_config, producer_config
 from stage.runtime.deadlines import Deadlines
+from stage.runtime.detached import DetachedWorker
 from stage.runtime.finalization import Finalization
 from stage.runtime.intake import Intake
 from stage.runtime.loads import LedgerLoads
@@ -105,8 +106,8 @@ class StageRuntime:
         self._fatal: exits.StageExit | None = None
         self._stop = threading.Event()
         self.pool = ThreadPoolExecutor(cfg.finalize_workers, thread_name_prefix="finalize")
-        # One transaction at a time, off the loop thread.
-        self.publish_pool = ThreadPoolExecutor(1, thread_name_prefix="publish")
+        # One transaction at a time, off the loop thread (a stuck one can be walked away from).
+        self.publish_pool = DetachedWorker("publish")
         # A load may wait out a stalled replica's open transaction: enough threads that one such
         # partition does not hold up the others' loads.
         self.loader_pool = ThreadPoolExecutor(8, thread_name_prefix="ledger")
@@ -135,7 +136,9 @@ class StageRuntime:
         self.publication = Publication(cfg, pool=self.publish_pool, clients=self.clients,
                                        ledger_codec=self.codecs["LedgerEntry"], clock=self.clock,
                                        partitions=parts, stats=stats, rewind=rewind,
-                                       declare_fatal=self._declare_fatal)
+                                       declare_fatal=self._declare_fatal,
+                                       new_publisher=(self._new_publisher
+                                                      if cfg.processing == EXACTLY_ONCE else None))
         self.assignment = Assignment(cfg, partition_count=lambda: self.partition_count,
                                      partitions=parts, pauses=self.pauses, loads=self.loads,
                                      finalization=self.finalization, publish=self._publish,
@@ -166,11 +169,8 @@ class StageRuntime:
         clients.admin, self.partition_count = connect_admin(cfg)
         probe_device(cfg.finalize.device)
         register_output_schemas(self.codecs, OUTPUT_RECORDS, self._stop)
-        producer = Producer(producer_config(cfg))
-        clients.publisher = (TransactionalPublisher(producer, cfg.transaction_timeout_ms / 1000)
-                             if cfg.processing == EXACTLY_ONCE else AtLeastOncePublisher(producer))
         try:
-            clients.publisher.start()
+            clients.publisher = self._new_publisher()
         except StageFatal as error:
             raise exits.kafka_fatal(f"init_transactions failed: {error}") from None
         clients.queries = BrokerQueries(cfg)
@@ -194,6 +194,17 @@ class StageRuntime:
                                         _TOPOLOGY_CHECK_S)
         logger.info("stage started: %d partitions per topic, %s, transactional.id=%s; joining group %s",
                     self.partition_count, cfg.processing, cfg.effective_transactional_id, cfg.group_id)
+
+    def _new_publisher(self):
+        """A started publisher: in exactly-once mode init_transactions, which fences any earlier
+        producer with this transactional.id (a stuck one, on a recovery) and aborts its open
+        transaction."""
+        cfg = self.cfg
+        producer = Producer(producer_config(cfg))
+        publisher = (TransactionalPublisher(producer, cfg.transaction_timeout_ms / 1000)
+                     if cfg.processing == EXACTLY_ONCE else AtLeastOncePublisher(producer))
+        publisher.start()
+        return publisher
 
     def run(self, *, max_seconds: float | None = None) -> None:
         """Run until stop() (or SIGTERM with install_signal_handlers), then shut down cleanly."""
@@ -330,7 +341,12 @@ class StageRuntime:
             return False, "partitions halted: " + "; ".join(f"{p}: {why}" for p, why in sorted(halted.items()))
         if self.resolver is not None and self.resolver.unavailable:
             return False, f"schema registry unavailable: {self.resolver.last_error}"
-        return True, f"{len(self.partitions.loaded())} partitions assigned"
+        stuck = self.publication.stuck()
+        if stuck is not None:
+            return False, stuck
+        pairs = len(self.partitions)
+        return True, (f"{pairs} partitions assigned: {2 * pairs} topic-partitions "
+                      "(receipts and staged calls, as the assigned_partitions gauge counts them)")
 
     @property
     def ready(self) -> bool:

@@ -1,26 +1,37 @@
 """The publish step: finalized outputs, dead letters and ledger tombstones -> one transaction
 at a time on the publisher thread, with a ledger entry per group and the input offsets it
-covers; a publication that never returns from the Kafka client stops the stage.
+covers.
 
-Owns: the transaction in flight (``_flight``: future, outputs, batch) and when it began, when
-offsets were last committed. Touches, of a partition: its ``done``, ``dead_letters`` and
-``tombstones`` queues, ``offsets_moved``, its dead-letter watermarks (read), its buffer (marks
-groups published, expires ledger entries) and ``committed``. Uses: the publisher and the
-consumer's group metadata (clients), the publish pool, the ledger codec, the stats. An aborted
-transaction asks ``rewind`` to start every partition over; a stuck one is reported to
-``declare_fatal``.
+A publication stuck in a coordinator call (librdkafka #5511: send_offsets_to_transaction waits
+forever on a coordinator whose broker restarted) is recovered in process: once the call has
+not returned in ``publish_stuck_ms``, a new producer with the same transactional.id is started
+on its own thread; its init_transactions fences the stuck producer and aborts (or completes)
+its transaction, and the stage rewinds to the committed offsets as after any abort. The stuck
+call is left on its abandoned thread. Only if no new producer is ready by the time the brokers
+abort the transaction themselves (transaction timeout + their sweep) does the stage stop.
+
+Owns: the transaction in flight (``_flight``: future, outputs, batch) and when it began, a
+producer replacement in progress, when offsets were last committed. Touches, of a partition:
+its ``done``, ``dead_letters`` and ``tombstones`` queues, ``offsets_moved``, its dead-letter
+watermarks (read), its buffer (marks groups published, expires ledger entries) and
+``committed``. Uses: the publisher and the consumer's group metadata (clients), the publisher
+thread, ``new_publisher`` (a started publisher with the stage's producer settings), the ledger
+codec, the stats. An aborted or replaced transaction asks ``rewind`` to start every partition
+over; a publication that cannot be recovered is reported to ``declare_fatal``.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from concurrent.futures import wait
+from concurrent.futures import Future, wait
 
-from confluent_kafka import TopicPartition
+from confluent_kafka import KafkaException, TopicPartition
 
 from stage.publish import Batch, PublishAborted, StageFatal
 from stage.publish.deadletters import DEAD_LETTER_WATERMARK_KEY, watermark_entry
+from stage.publish.transaction import COORDINATOR_CALLS, IDLE
 from stage.runtime import exits
 
 logger = logging.getLogger("stage.runtime.loop")
@@ -28,14 +39,15 @@ logger = logging.getLogger("stage.runtime.loop")
 # Kafka's transaction.abort.timed.out.transaction.cleanup.interval.ms (10 s) and a margin.
 _ABORT_SWEEP_S = 15.0
 _OFFSETS_ONLY_EVERY_S = 1.0   # a transaction carrying only moved offsets, at most this often
+_FORCED_WAIT_STEP_S = 0.05
 
 
 class Publication:
     def __init__(self, cfg, *, pool, clients, ledger_codec, clock, partitions, stats, rewind,
-                 declare_fatal) -> None:
+                 declare_fatal, new_publisher=None) -> None:
         self.cfg = cfg
         self.topics = cfg.topics
-        self.pool = pool                    # one thread: one transaction at a time
+        self.pool = pool                    # DetachedWorker: one transaction at a time
         self.clients = clients
         self.ledger_codec = ledger_codec
         self.clock = clock
@@ -43,8 +55,13 @@ class Publication:
         self.stats = stats
         self.rewind = rewind
         self.declare_fatal = declare_fatal
+        self.new_publisher = new_publisher  # () -> a started publisher; None: no recovery
+        self.stuck_after_s = min(cfg.publish_stuck_ms, cfg.transaction_timeout_ms) / 1000
         self._flight = None                 # (future, outputs, batch) or None
         self._flight_started = 0.0
+        self._replacing: Future | None = None   # a new publisher being started
+        self._stuck_phase, self._stuck_at = "", 0.0
+        self._abandoned: list = []          # stuck publishers, kept referenced (never destroyed here)
         self._last_commit = time.monotonic()
 
     @property
@@ -56,8 +73,12 @@ class Publication:
         consuming and finalizing; apply its outcome when it completes. ``force``: publish
         everything finished now and wait (shutdown, revoke)."""
         if self._flight is not None:
-            if not (force or self._flight[0].done()):
-                self._check_stall()
+            if force:
+                self._wait_forced()
+            elif not self._flight[0].done():
+                self._watch()
+                return
+            if self._flight is None:        # replaced: the rewind starts everything over
                 return
             self._land(*self._flight)
         while True:
@@ -68,6 +89,9 @@ class Publication:
             self._flight = (future, *batch)
             self._flight_started = time.monotonic()
             if not force:
+                return
+            self._wait_forced()
+            if self._flight is None:
                 return
             self._land(*self._flight)
             if not any(self.partitions.queued(q) for q in ("done", "dead_letters", "tombstones")):
@@ -126,9 +150,90 @@ class Publication:
         longer commit: the brokers abort it. A call still running then is stuck, not slow."""
         return self._flight_started + self.cfg.transaction_timeout_ms / 1000 + _ABORT_SWEEP_S
 
-    def _check_stall(self) -> None:
+    def stuck(self) -> str | None:
+        """Why the publication in flight counts as stuck (for readiness), or None."""
+        if self._flight is None or self._flight[0].done():
+            return None
+        publisher = self.clients.publisher
+        phase = getattr(publisher, "phase", IDLE)
+        age = time.monotonic() - getattr(publisher, "phase_since", time.monotonic())
+        if self._replacing is not None:
+            return (f"publication stuck in {self._stuck_phase}: replacing the producer (fences the "
+                    f"stuck one) for {time.monotonic() - self._stuck_at:.0f}s")
+        if phase in COORDINATOR_CALLS and age > self.stuck_after_s:
+            return f"publication stuck in {phase} for {age:.0f}s"
+        return None
+
+    def _watch(self) -> None:
+        """The flight is not done: finish a replacement, start one, or give up."""
+        if self._replacing is not None:
+            if self._replacing.done():
+                self._replaced()
+                return
+        elif self.new_publisher is not None and self.stuck() is not None:
+            self._replace()
+            return
         if time.monotonic() > self._stall_deadline():
             self._stalled()
+
+    def _wait_forced(self) -> None:
+        """Shutdown or revoke: wait for the flight, recovering it if it is stuck (bounded by
+        the stall deadline)."""
+        while self._flight is not None and not self._flight[0].done():
+            self._watch()
+            if self._flight is not None:
+                wait([self._flight[0]], timeout=_FORCED_WAIT_STEP_S)
+
+    def _replace(self) -> None:
+        publisher = self.clients.publisher
+        self._stuck_phase = publisher.phase
+        self._stuck_at = time.monotonic()
+        logger.error("publication stuck in %s for %.0fs (librdkafka #5511 after a broker restart); "
+                     "starting a new producer with transactional.id %s to fence it and abort its "
+                     "transaction", publisher.phase, time.monotonic() - publisher.phase_since,
+                     self.cfg.effective_transactional_id)
+        self.stats.inc("publication_stuck")
+        self._replacing = Future()
+        threading.Thread(target=self._start_publisher, args=(self._replacing,),
+                         name="publisher-replacement", daemon=True).start()
+
+    def _start_publisher(self, result: Future) -> None:
+        """Start a new publisher, retrying while the brokers cannot answer, until the stall
+        deadline (then the stage stops as before)."""
+        deadline = self._stall_deadline()
+        while True:
+            try:
+                result.set_result(self.new_publisher())
+                return
+            except KafkaException as error:
+                err = error.args[0]
+                if err.fatal() or time.monotonic() > deadline:
+                    result.set_exception(error)
+                    return
+                logger.warning("the replacement producer could not start yet (%s); retrying", err)
+                time.sleep(1.0)
+            except BaseException as error:  # noqa: BLE001 - handed to the loop thread
+                result.set_exception(error)
+                return
+
+    def _replaced(self) -> None:
+        """The new producer fenced the stuck one: abandon the stuck call and start over."""
+        replacing, self._replacing = self._replacing, None
+        try:
+            publisher = replacing.result()
+        except Exception as error:  # noqa: BLE001 - no producer: stop as a stuck publication does
+            logger.error("no replacement producer (%s: %s)", type(error).__name__, error)
+            self._stalled()
+        self._abandoned.append(self.clients.publisher)
+        self.clients.publisher = publisher
+        self.pool.abandon()
+        self._flight = None
+        seconds = time.monotonic() - self._stuck_at
+        self.stats.inc("publication_recoveries")
+        self.stats.observe("publication_recovery_seconds", seconds)
+        logger.warning("new producer ready %.1fs after the publication was found stuck; the stuck "
+                       "transaction is aborted, rewinding to the committed offsets", seconds)
+        self.rewind()
 
     def _stalled(self) -> None:
         age = time.monotonic() - self._flight_started
@@ -140,8 +245,6 @@ class Publication:
     # -- a publication that came back ------------------------------------------------------
     def _land(self, future, outputs, batch) -> None:
         """Apply a finished publication: mark its groups published, or rewind after an abort."""
-        if not wait([future], timeout=max(0.0, self._stall_deadline() - time.monotonic())).done:
-            self._stalled()
         self._flight = None
         try:
             seconds = future.result()

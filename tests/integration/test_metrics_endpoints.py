@@ -65,6 +65,7 @@ def test_metrics_and_health_during_a_real_run(kafka):
         stage.wait(lambda: "rollout_reassembler_consumer_lag{" in _get(port, "/metrics")[1], 30, "lag gauge")
         status, metrics = _get(port, "/metrics")
         assert status == 200
+        ready_text = _get(port, "/readyz")[1]
         assert _get(port, "/nope")[0] == 404
     summaries = [AvroCodec("GroupSummary").decode(m.value()) for m in read_all(kafka.bootstrap, topics.finalized_groups)]
     rows = [AvroCodec("CanonicalRow").decode(m.value()) for m in read_all(kafka.bootstrap, topics.canonical_rows)]
@@ -84,6 +85,7 @@ def test_metrics_and_health_during_a_real_run(kafka):
     assert _sample(metrics, p + "end_to_end_seconds_count") == 4
     assert _sample(metrics, p + "group_metric_count", name="finalize/invalid_row_rate") == 4
     assert _sample(metrics, p + "assigned_partitions") == 4
+    assert "2 partitions assigned: 4 topic-partitions" in ready_text   # /readyz counts as the gauge does
     # series alerts read exist at 0 before their first event (created when the stage starts)
     assert _series(metrics, p + "dead_letters_total", topic=topics.staged_calls) == [0] * 4  # by reason
     assert _series(metrics, p + "groups_published_total", outcome="dropped") == [0]

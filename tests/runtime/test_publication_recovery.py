@@ -1,0 +1,106 @@
+"""A publication stuck in a coordinator call (librdkafka #5511) is recovered in process: past
+publish_stuck_ms readiness says so, a new publisher is started off the loop thread, the stuck
+call is abandoned and the stage rewinds; a slow produce is not mistaken for a stuck call. No
+broker: the publication step with fakes."""
+
+import threading
+import time
+from concurrent.futures import Future
+from types import SimpleNamespace
+
+import pytest
+
+from stage.config.model import StageConfig
+from stage.publish import Batch
+from stage.publish.transaction import FLUSH, SEND_OFFSETS
+from stage.runtime import publication as publication_module
+from stage.runtime.clients import Clients
+from stage.runtime.detached import DetachedWorker
+from stage.runtime.exits import StageExit
+from stage.runtime.partition import Partitions
+from stage.runtime.publication import Publication
+from stage.runtime.stats import RuntimeStats
+
+
+class Stats(RuntimeStats):
+    def __init__(self):
+        super().__init__(sink=SimpleNamespace(inc=lambda *a: None, set=lambda *a: None,
+                                              observe=lambda *a: None))
+
+
+def _publication(stuck_ms=1000, new_publisher=None, transaction_timeout_ms=60_000):
+    cfg = StageConfig(bootstrap_servers="127.0.0.1:1", publish_stuck_ms=stuck_ms,
+                      transaction_timeout_ms=transaction_timeout_ms)
+    rewinds = []
+    clients = Clients(publisher=SimpleNamespace(phase=FLUSH, phase_since=time.monotonic()))
+    pub = Publication(cfg, pool=DetachedWorker("test-publish"), clients=clients, ledger_codec=None,
+                      clock=None, partitions=Partitions(), stats=Stats(), rewind=lambda: rewinds.append(1),
+                      declare_fatal=lambda fatal: None, new_publisher=new_publisher)
+    return pub, clients, rewinds
+
+
+def _stuck_flight(pub, clients, phase, seconds_ago):
+    future = Future()
+    pub._flight = (future, [], Batch(offsets=[object()]))
+    pub._flight_started = time.monotonic() - seconds_ago
+    clients.publisher.phase, clients.publisher.phase_since = phase, time.monotonic() - seconds_ago
+    return future
+
+
+def _until(predicate, seconds=5.0):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.01)
+    raise AssertionError("condition not reached")
+
+
+def test_a_stuck_coordinator_call_is_fenced_by_a_new_publisher_and_the_stage_rewinds():
+    replacement = SimpleNamespace(phase="idle", phase_since=time.monotonic())
+    started = threading.Event()
+
+    def new_publisher():
+        started.set()
+        return replacement
+
+    pub, clients, rewinds = _publication(new_publisher=new_publisher)
+    stuck = clients.publisher
+    _stuck_flight(pub, clients, SEND_OFFSETS, 2.0)
+    assert "publication stuck in send_offsets_to_transaction" in pub.stuck()
+    pub.publish()                                   # starts the replacement off the loop thread
+    assert started.wait(5) and "replacing the producer" in pub.stuck()
+    _until(lambda: pub._replacing.done())
+    pub.publish()                                   # lands the replacement
+    assert clients.publisher is replacement and pub._abandoned == [stuck]
+    assert pub._flight is None and rewinds == [1] and pub.pool.abandoned == 1
+    assert pub.stuck() is None and pub.stats.total("publication_recoveries") == 1
+
+
+def test_a_slow_flush_is_not_a_stuck_call():
+    pub, clients, rewinds = _publication(new_publisher=lambda: pytest.fail("must not replace"))
+    _stuck_flight(pub, clients, FLUSH, 5.0)         # producing a large batch for 5 s
+    pub.publish()
+    assert pub.stuck() is None and pub._replacing is None and rewinds == []
+
+
+def test_a_forced_publish_recovers_a_stuck_flight_instead_of_waiting_out_the_timeout():
+    pub, clients, rewinds = _publication(new_publisher=lambda: SimpleNamespace(phase="idle", phase_since=0))
+    _stuck_flight(pub, clients, SEND_OFFSETS, 2.0)
+    began = time.monotonic()
+    pub.publish(force=True)                         # a revoke or shutdown
+    assert time.monotonic() - began < 5 and pub._flight is None and rewinds == [1]
+
+
+def test_without_a_replacement_the_stage_stops_at_the_stall_deadline(monkeypatch):
+    monkeypatch.setattr(publication_module, "_ABORT_SWEEP_S", 0.0)
+
+    def never_ready():
+        from confluent_kafka import KafkaError, KafkaException
+        raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "brokers down", retriable=True))
+
+    pub, clients, rewinds = _publication(new_publisher=never_ready, transaction_timeout_ms=1000)
+    _stuck_flight(pub, clients, SEND_OFFSETS, 0.5)
+    with pytest.raises(StageExit) as stop:
+        pub.publish(force=True)
+    assert stop.value.abandon_threads and "#5511" in str(stop.value) and rewinds == []
