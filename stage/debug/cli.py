@@ -152,7 +152,7 @@ def main(args, load_config) -> int:
 
 
 def _codecs(cfg):
-    from stage.runtime.loop import build_codecs
+    from stage.runtime.registry import build_codecs   # not the loop's module: it imports torch
     return build_codecs(cfg)
 
 
