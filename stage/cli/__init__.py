@@ -233,6 +233,18 @@ def _topics_command(args) -> int:
         return 1
 
 
+def _port_free(port: int) -> bool:
+    """Nothing listens on ``port`` (bound as the health server binds it: every interface, SO_REUSEADDR)."""
+    import socket
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+    return True
+
+
 def _run_command(args) -> int:
     import logging
     import os
@@ -240,6 +252,13 @@ def _run_command(args) -> int:
     cfg, status = _configure(args)
     if cfg is None:
         return status
+    if cfg.metrics_port and not _port_free(cfg.metrics_port):
+        # said before the stage joins its group (the runtime binds the port only after that)
+        from stage.runtime.exits import EXIT_CONFIG
+        print(f"configuration error: metrics_port {cfg.metrics_port} is in use (another stage on this "
+              f"host?): set metrics_port, or ROLLOUT_REASSEMBLER_METRICS_PORT, to a free port, or 0 "
+              f"for no /metrics, /healthz and /readyz", file=sys.stderr)
+        return EXIT_CONFIG
     from stage.runtime.exits import StageExit
     from stage.runtime.loop import StageRuntime
     runtime = StageRuntime(cfg)
