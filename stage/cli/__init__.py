@@ -261,8 +261,10 @@ def _run_command(args) -> int:
         return EXIT_CONFIG
     from stage.runtime.exits import StageExit
     from stage.runtime.loop import StageRuntime
+    from stage.cli.malloc import idle_trimmer
     runtime = StageRuntime(cfg)
     runtime.install_signal_handlers()
+    trimmer = idle_trimmer(runtime.stats.activity)   # free heap back to the OS when idle
     try:
         runtime.start()
         runtime.run()
@@ -275,6 +277,9 @@ def _run_command(args) -> int:
             sys.stderr.flush()
             os._exit(error.code)
         return error.code
+    finally:
+        if trimmer is not None:
+            trimmer.stop()
     return 0
 
 
