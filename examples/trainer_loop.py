@@ -136,13 +136,12 @@ def main(argv=None) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):       # finish the step, checkpoint, then exit
         signal.signal(sig, lambda number, _frame: stopping.append(signal.Signals(number).name))
     last_group = time.monotonic()
-    why = None
-    while why is None:
+    while True:
         if stopping:
             why = f"{stopping[0]} received"
-        elif args.max_steps is not None and state["step"] >= args.max_steps:
+            break
+        if args.max_steps is not None and state["step"] >= args.max_steps:
             why = f"--max-steps {args.max_steps} reached"
-        if why:
             break
         batch = reader.read(args.prompts_per_step, timeout=1.0)   # at most that many, complete groups
         stale = reader.take_held()                                # groups too old for the policy
@@ -152,8 +151,9 @@ def main(argv=None) -> int:
                   f"{min(g.group_min_wv for g in stale)}, policy at {state['weight_version']}, "
                   f"max lag {args.max_lag})", flush=True)
         if not batch:
-            if time.monotonic() - last_group > args.idle_timeout:
+            if time.monotonic() - last_group > args.idle_timeout:   # the data ran out
                 why = f"no new group for {args.idle_timeout:g} s"
+                break
             continue
         last_group = time.monotonic()
         tensors = [(g.group_id, g.tensors()) for g in batch]
