@@ -70,7 +70,7 @@ def _topics(tag: str) -> TopicNames:
 def _config(bootstrap: str, topics: TopicNames) -> StageConfig:
     return StageConfig(bootstrap_servers=bootstrap, topics=topics, group_id=f"g-{topics.receipts}",
                        transactional_id=f"tx-{topics.receipts}", group_timeout_ms=60_000,
-                       publish_linger_ms=20, poll_timeout_ms=10,
+                       publish_linger_ms=20, poll_timeout_ms=10, metrics_port=0,
                        consumer={"session.timeout.ms": 6000})
 
 

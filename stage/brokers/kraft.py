@@ -1,7 +1,8 @@
 """A real Apache Kafka 4.x broker (KRaft, single node) on loopback, from Maven Central jars.
 
 Used by the integration tests (when no KAFKA_BOOTSTRAP_SERVERS is given and no Docker engine
-answers, or KAFKA_TEST_BROKER=jvm) and by `bench e2e`. The jars are resolved once into ``.cache/kafka/lib`` (``make kafka-jars``). The broker
+answers, or KAFKA_TEST_BROKER=jvm), by `bench e2e` and by `rollout-reassembler broker`
+(stage.brokers.dev). The jars are resolved once into ``.cache/kafka/lib`` (``make kafka-jars``). The broker
 is configured for a single node: transaction-log replication and min ISR 1 (else
 init_transactions hangs), no initial rebalance delay, large messages for route fragments.
 """
@@ -84,8 +85,9 @@ def wait_ready(bootstrap: str, timeout: float, *, alive, where) -> None:
     raise TimeoutError(f"Kafka broker at {bootstrap} not ready after {timeout}s:\n{where()}")
 
 
-def jars_available() -> bool:
-    return JARS.is_dir() and any(JARS.glob("kafka_2.13-*.jar")) and shutil.which("java") is not None
+def jars_available(jars: Path | None = None) -> bool:
+    jars = JARS if jars is None else Path(jars)
+    return jars.is_dir() and any(jars.glob("kafka_2.13-*.jar")) and shutil.which("java") is not None
 
 
 class KraftBroker:
@@ -98,8 +100,9 @@ class KraftBroker:
 
     def __init__(self, workdir: str | None = None, port: int | None = None, *, node_id: int = 1,
                  controller_port: int | None = None, voters: str | None = None,
-                 props: dict | None = None, heap: str = "1g") -> None:
+                 props: dict | None = None, heap: str = "1g", jars: Path | None = None) -> None:
         self.dir = Path(workdir or tempfile.mkdtemp(prefix="kraft-"))
+        self.jars = JARS if jars is None else Path(jars)
         self.port = port or free_port()
         self.controller_port = controller_port or free_port()
         self.node_id = node_id
@@ -150,11 +153,11 @@ class KraftBroker:
         # time under the e2e benchmark's large records.
         return ["java", "-Xms256m", f"-Xmx{self.heap}",
                 f"-Dlog4j2.configurationFile={self.dir / 'log4j2.properties'}",
-                "-cp", f"{JARS}/*", *args]
+                "-cp", f"{self.jars}/*", *args]
 
     def start(self, timeout: float = 90.0, *, wait: bool = True) -> "KraftBroker":
-        if not jars_available():
-            raise RuntimeError(f"Kafka jars not found in {JARS} (run `make kafka-jars`) or no java")
+        if not jars_available(self.jars):
+            raise RuntimeError(f"Kafka jars not found in {self.jars} (run `make kafka-jars`) or no java")
         config = self._write_config()
         cluster_id = self.cluster_id or new_cluster_id()
         if not (self.dir / "data" / "meta.properties").exists():

@@ -34,6 +34,7 @@ def _parser() -> argparse.ArgumentParser:
     from stage.cli.demo import add_parser as add_demo_parser
     add_demo_parser(commands)
     _add_runtime_parsers(commands)
+    _add_broker_parser(commands)
     from stage.debug.cli import add_parsers as add_debug_parsers
     add_debug_parsers(commands)
     _add_bench_parsers(commands)
@@ -70,6 +71,39 @@ def _add_runtime_parsers(commands) -> None:
     check.add_argument("--require-durable", action="store_true",
                        help="exit 1 when a topic has replication < 3, min.insync.replicas < 2 or a "
                             "ledger that is not compacted (default: warn only)")
+
+
+def _add_broker_parser(commands) -> None:
+    broker = add_parser(
+        commands, "broker", "run a real single-node Apache Kafka (KRaft) for development, no Docker",
+        description="Start a real Apache Kafka 4.x broker (KRaft, one node, on 127.0.0.1) from the "
+                    "Kafka jars on the local JVM, print its bootstrap address and keep it running "
+                    "until Ctrl-C or SIGTERM. Needs java 17+ and the jars: `make kafka-jars` in a "
+                    "clone of this repository (java + mvn, Maven Central), or --jars DIR with the "
+                    "libs/ of an Apache Kafka 4.x download. --create-topics also creates the "
+                    "stage's topics for one broker (replication 1, min.insync.replicas 1). Exit "
+                    "status 0 after a clean stop, 1 when it cannot start or the broker dies.")
+    broker.add_argument("--port", type=at_least(1), default=9092, help="the client listener's port")
+    broker.add_argument("--controller-port", type=at_least(1), default=9093,
+                        help="the KRaft controller's port")
+    broker.add_argument("--data-dir", metavar="DIR",
+                        help="keep the broker's data here and reuse it on the next start (default: "
+                             "a temporary directory, removed when the broker stops)")
+    broker.add_argument("--jars", metavar="DIR",
+                        help="directory of kafka_2.13-*.jar and its dependencies (default: "
+                             "$ROLLOUT_REASSEMBLER_KAFKA_JARS, else .cache/kafka/lib of the "
+                             "checkout, where `make kafka-jars` puts them)")
+    broker.add_argument("--heap", default="1g", help="the JVM's maximum heap (-Xmx)")
+    broker.add_argument("--create-topics", action="store_true",
+                        help="create the stage's topics once the broker is up (names from --config; "
+                             "default: do not)")
+    broker.add_argument("--partitions", type=at_least(1), default=4,
+                        help="partitions of every topic, with --create-topics")
+    broker.add_argument("--config", metavar="PATH",
+                        help="the stage's YAML config, for its topic names with --create-topics "
+                             "(default: the default names)")
+    broker.add_argument("--start-timeout", type=positive_float, default=120.0,
+                        help="seconds to wait for the broker to answer")
 
 
 def _add_config_options(sub: argparse.ArgumentParser) -> None:
@@ -109,8 +143,13 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     from stage.cli.malloc import tune_malloc
     tune_malloc()
-    if args.command in ("run", "topics"):
-        return _runtime_command(args)
+    if args.command == "run":
+        return _run_command(args)
+    if args.command == "topics":
+        return _topics_command(args)
+    if args.command == "broker":
+        from stage.brokers.dev import main as broker_main
+        return broker_main(args)
     if args.command == "demo":
         from stage.cli.demo import main as demo_main
         return demo_main(args)
@@ -140,56 +179,73 @@ def _load(args):
     return load_config(args.config, overrides=overrides)
 
 
-def _runtime_command(args) -> int:
+def _configure(args):
+    """Logging, then the configuration: (cfg, None), or (None, exit status) after printing why."""
     import logging
-    import os
-
-    from confluent_kafka import KafkaException
-    from confluent_kafka.admin import AdminClient
-
-    from stage.runtime.logs import apply_rejection_log_level
-    from stage.runtime.topics import (
-        TopologyError, check_copartitioning, create_topics, durability_warnings,
-    )
     logging.basicConfig(level=getattr(args, "log_level", "INFO"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        apply_rejection_log_level(os.environ)
-        cfg = _load(args)
+        if args.command == "run":
+            import os
+            from stage.runtime.logs import apply_rejection_log_level
+            apply_rejection_log_level(os.environ)
+        return _load(args), None
     except (OSError, ValueError) as error:
         from stage.runtime.exits import EXIT_CONFIG
         print(f"configuration error: {error}", file=sys.stderr)
-        return EXIT_CONFIG
-    if args.command == "topics":
-        admin = AdminClient({"bootstrap.servers": cfg.bootstrap_servers, **cfg.kafka})
-        try:
-            if args.topics_command == "create":
-                created = create_topics(admin, cfg, partitions=args.partitions,
-                                        replication=args.replication,
-                                        min_insync_replicas=args.min_insync_replicas,
-                                        max_message_bytes=args.max_message_bytes)
-                print("created: " + (", ".join(created) if created else "nothing (all exist)"))
-            print(f"ok: {check_copartitioning(admin, cfg)} partitions per topic")
-            weak = durability_warnings(admin, cfg)
-            for line in weak:
-                print(f"warning: {line}", file=sys.stderr)
-            if weak:
-                print("warning: fine for a single development broker; in production a committed "
-                      "transaction can be lost with one broker (recreate the topics, or raise "
-                      "min.insync.replicas with kafka-configs.sh)", file=sys.stderr)
-                if getattr(args, "require_durable", False):
-                    return 1
-            return 0
-        except TopologyError as error:
-            print(f"topology error: {error}", file=sys.stderr)
-            return 1
-        except KafkaException as error:   # e.g. no broker answers, or it refuses a creation
-            print(f"kafka error: {error.args[0]}", file=sys.stderr)
-            return 1
+        return None, EXIT_CONFIG
+
+
+def _topics_command(args) -> int:
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    from stage.runtime.topics import (
+        TopologyError, check_copartitioning, create_topics, durability_warnings,
+    )
+    cfg, status = _configure(args)
+    if cfg is None:
+        return status
+    admin = AdminClient({"bootstrap.servers": cfg.bootstrap_servers, **cfg.kafka})
+    try:
+        if args.topics_command == "create":
+            created = create_topics(admin, cfg, partitions=args.partitions,
+                                    replication=args.replication,
+                                    min_insync_replicas=args.min_insync_replicas,
+                                    max_message_bytes=args.max_message_bytes)
+            print("created: " + (", ".join(created) if created else "nothing (all exist)"))
+        print(f"ok: {check_copartitioning(admin, cfg)} partitions per topic")
+        weak = durability_warnings(admin, cfg)
+        for line in weak:
+            print(f"warning: {line}", file=sys.stderr)
+        if weak:
+            print("warning: fine for a single development broker; in production a committed "
+                  "transaction can be lost with one broker (recreate the topics, or raise "
+                  "min.insync.replicas with kafka-configs.sh)", file=sys.stderr)
+            if getattr(args, "require_durable", False):
+                return 1
+        return 0
+    except TopologyError as error:
+        print(f"topology error: {error}", file=sys.stderr)
+        return 1
+    except KafkaException as error:   # e.g. no broker answers, or it refuses a creation
+        print(f"kafka error: {error.args[0]}", file=sys.stderr)
+        return 1
+
+
+def _run_command(args) -> int:
+    import logging
+    import os
+
+    cfg, status = _configure(args)
+    if cfg is None:
+        return status
     from stage.runtime.exits import StageExit
     from stage.runtime.loop import StageRuntime
+    from stage.cli.malloc import idle_trimmer
     runtime = StageRuntime(cfg)
     runtime.install_signal_handlers()
+    trimmer = idle_trimmer(runtime.stats.activity)   # free heap back to the OS when idle
     try:
         runtime.start()
         runtime.run()
@@ -202,6 +258,9 @@ def _runtime_command(args) -> int:
             sys.stderr.flush()
             os._exit(error.code)
         return error.code
+    finally:
+        if trimmer is not None:
+            trimmer.stop()
     return 0
 
 

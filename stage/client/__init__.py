@@ -1,25 +1,25 @@
-"""Producer SDK (inference workers, rollout owners, a Gym bridge) and the trainer-side reader."""
+"""Producer SDK (inference workers, rollout owners, a Gym bridge) and the trainer-side reader.
 
-from stage.client.assembly import GroupAssembler, TrainingGroup, route_plan_from_record, row_from_record
-from stage.client.gym_bridge import GymBridge
-from stage.client.position import PartitionPosition, ReadPosition
-from stage.client.producer import (
-    Delivery,
-    DeliveryError,
-    DeliveryFailure,
-    PreparedCall,
-    ReceiptEmitter,
-    RolloutStager,
-    StagingProducer,
-)
-from stage.client.reader import CanonicalReader
-from stage.client.records import receipt_event, route_extras, staged_call_from_record, staged_call_value
-from stage.client.route_fetch import DeferredRouteFetcher
-from stage.client.staleness import Staleness
+Names are imported from their modules on first use (stage.lazy_exports): a tool that needs one helper
+(the operator commands use stage.client.consuming) does not import the reader and torch."""
+
+from stage import lazy_exports
+
+__getattr__, __dir__ = lazy_exports(__name__, globals(), {
+    "assembly": ("GroupAssembler", "TrainingGroup", "route_plan_from_record", "row_from_record"),
+    "gym_bridge": ("GymBridge",),
+    "position": ("PartitionPosition", "ReadPosition"),
+    "producer": ("Delivery", "DeliveryError", "DeliveryFailure", "PreparedCall", "ReceiptEmitter",
+                 "RolloutStager", "StagingProducer"),
+    "reader": ("CanonicalReader",),
+    "records": ("receipt_event", "route_extras", "staged_call_from_record", "staged_call_value"),
+    "route_fetch": ("DeferredRouteFetcher",),
+    "staleness": ("Staleness",),
+})
 
 __all__ = [
     "CanonicalReader", "DeferredRouteFetcher", "Delivery", "DeliveryError", "DeliveryFailure", "GroupAssembler",
-    "GymBridge", "PartitionPosition", "PreparedCall", "ReadPosition", "ReceiptEmitter", "RolloutStager",
+    "GymBridge", "PartitionPosition", "ReadPosition", "ReceiptEmitter", "RolloutStager",
     "Staleness", "StagingProducer", "TrainingGroup", "receipt_event", "route_extras", "route_plan_from_record",
     "row_from_record", "staged_call_from_record", "staged_call_value",
 ]

@@ -39,6 +39,9 @@ EXACTLY_ONCE, AT_LEAST_ONCE = "exactly_once", "at_least_once"
 KAFKA_MAX_TRANSACTION_TIMEOUT_MS = 900_000
 # librdkafka's message.max.bytes maximum; the producer's limit is max_record_bytes + 1 MiB.
 MAX_RECORD_BYTES = 1_000_000_000 - (1 << 20)
+# /metrics, /healthz and /readyz are served by default: the chart's metrics.port, the image's
+# EXPOSE and compose's published port are this number too (tests/ops check they agree).
+DEFAULT_METRICS_PORT = 9400
 ClientProperties = dict[str, ClientValue]
 
 
@@ -106,8 +109,11 @@ class StageConfig(ConfigModel):
     poll_timeout_ms: Int = Field(
         50, ge=1, le=1000, description="consumer poll timeout: bounds how late a deadline or SIGTERM is "
                                        "seen with no traffic")
-    metrics_port: Int = Field(0, ge=0, le=65535, description="HTTP port for /metrics, /healthz, /readyz "
-                                                              "(0 = no server)")
+    metrics_port: Int = Field(
+        DEFAULT_METRICS_PORT, ge=0, le=65535,
+        description="HTTP port for /metrics, /healthz, /readyz on every interface (0 = no server). The "
+                    "default is the port the Helm chart, the image and docker-compose use; two stages "
+                    "on one host need different ports")
     statistics_interval_ms: Int = Field(
         5000, ge=0, le=86_400_000, description="librdkafka statistics interval (per-partition consumer "
                                                "lag on /metrics); 0 = off")

@@ -68,7 +68,10 @@ def _filter_options(sub: argparse.ArgumentParser) -> None:
                      help="only this error class; repeatable (default: every class)")
     sub.add_argument("--source-topic", help="only dead letters from this topic (default: any)")
     sub.add_argument("--source-partition", type=int, help="only from this source partition (default: any)")
-    sub.add_argument("--key", help="only records with this key, e.g. a group id (default: any)")
+    sub.add_argument("--key", metavar="GROUP_ID",
+                     help="only the dead letters of this group: keyed so, or naming it in their "
+                          "value under another key (misrouted); replay selects only those whose "
+                          "value names it (default: any)")
     sub.add_argument("--grep", metavar="TEXT", help="only errors containing TEXT (default: any)")
     _window_options(sub, "dead letters")
 
@@ -106,8 +109,10 @@ def add_parsers(commands) -> None:
         description="Re-produce the selected dead letters to their source topic, keyed and "
                     "partitioned as the contract requires, each with a marker in the replay log "
                     "in the same transaction, so a second replay skips it. Select with the "
-                    "filters, --at, or --all. Exit status 0 when nothing was refused, 1 "
-                    "otherwise, 2 for a usage or configuration error.")
+                    "filters, --at, or --all. A record of a group the ledger says is published "
+                    "is refused (the stage would count the copy late) unless --into-published. "
+                    "Exit status 0 when every selected record was re-produced (now or before), "
+                    "1 when one was refused, 2 for a usage or configuration error.")
     _config_options(replay)
     _filter_options(replay)
     replay.add_argument("--at", action="append", type=_at, default=[], metavar="PARTITION:OFFSET",
@@ -118,6 +123,10 @@ def add_parsers(commands) -> None:
     replay.add_argument("--rekey", action="store_true",
                         help="re-produce records whose key is not their group id (misrouted) keyed "
                              "by the group id (default: refuse them)")
+    replay.add_argument("--into-published", action="store_true",
+                        help="re-produce records of groups the ledger says are published too, with a "
+                             "warning (the stage counts such a copy as a late record and never uses "
+                             "it; default: refuse them)")
     replay.add_argument("--dry-run", action="store_true",
                         help="show what would be re-produced, produce nothing (default: produce)")
     replay.add_argument("--replay-log", metavar="TOPIC",
@@ -152,7 +161,7 @@ def main(args, load_config) -> int:
 
 
 def _codecs(cfg):
-    from stage.runtime.loop import build_codecs
+    from stage.runtime.registry import build_codecs   # not the loop's module: it imports torch
     return build_codecs(cfg)
 
 
@@ -173,7 +182,8 @@ def _filters(args):
     return Filters(error_classes=set(args.error_class), source_topic=args.source_topic,
                    source_partition=args.source_partition,
                    key=None if args.key is None else args.key.encode("utf-8"), grep=args.grep,
-                   at=set(getattr(args, "at", []) or []))
+                   at=set(getattr(args, "at", []) or []),
+                   of_group_only=args.dead_letters_command == "replay")
 
 
 def _dead_letters(args, cfg, reader) -> int:
@@ -185,8 +195,9 @@ def _dead_letters(args, cfg, reader) -> int:
               file=sys.stderr)
         return EXIT_USAGE
     log_topic = getattr(args, "replay_log", None) or dl.replay_log_topic(cfg)
+    codecs = _codecs(cfg)
     if args.dead_letters_command == "list":
-        views, read = dl.find(cfg, reader, filters, since_ms=args.since, until_ms=args.until)
+        views, read = dl.find(cfg, reader, filters, since_ms=args.since, until_ms=args.until, codecs=codecs)
         markers = dl.read_markers(reader, log_topic)
         shown = views[:max(0, args.limit)]
         rows = [v.as_dict(markers.get(v.marker_key)) for v in shown]
@@ -199,13 +210,25 @@ def _dead_letters(args, cfg, reader) -> int:
             print(f"{len(views)} dead letter(s) matched of {read} read" +
                   (f", {len(rows)} shown (--limit)" if len(rows) < len(views) else ""))
         return EXIT_OK
-    replayer = dl.Replayer(cfg, reader, _codecs(cfg), log_topic=log_topic, rekey=args.rekey,
-                           dry_run=args.dry_run)
+    replayer = dl.Replayer(cfg, reader, codecs, log_topic=log_topic, rekey=args.rekey,
+                           dry_run=args.dry_run, into_published=args.into_published)
     replayer.prepare()
-    views, _ = dl.find(cfg, reader, filters, since_ms=args.since, until_ms=args.until)
+    passed_over: list = []
+    views, _ = dl.find(cfg, reader, filters, since_ms=args.since, until_ms=args.until, codecs=codecs,
+                       passed_over=passed_over)
+    if passed_over:
+        where = ", ".join(f"{v.record.topic}[{v.record.partition}]@{v.record.offset}" for v in passed_over[:5])
+        print(f"note: {len(passed_over)} dead letter(s) keyed {args.key!r} name no group of that id (the "
+              f"value does not decode, or names another group), so --key does not select them: {where}"
+              f"{' ...' if len(passed_over) > 5 else ''}. `dead-letters list --key {args.key}` shows "
+              f"them; --at PARTITION:OFFSET selects one", file=sys.stderr)
     results = []
     for view in views:
         status, detail, target = replayer.plan(view)
+        warning = (target or {}).get("warning")
+        if warning:     # said before the copy is produced
+            print(f"warning: {view.record.topic}[{view.record.partition}]@{view.record.offset}: {warning}",
+                  file=sys.stderr, flush=True)
         if status == "ready":
             marker = replayer.replay(view, target)
             to = marker["replayed_to"]
@@ -214,12 +237,12 @@ def _dead_letters(args, cfg, reader) -> int:
         elif status == "would_replay":
             detail = (f"to {target['topic']}[{target['partition']}]"
                       + (" (rekeyed)" if target["rekeyed"] else ""))
-        results.append({**view.as_dict(), "status": status, "detail": detail})
+        results.append({**view.as_dict(), "status": status, "detail": detail, "warning": warning})
     counts = {s: sum(1 for r in results if r["status"] == s)
               for s in ("replayed", "would_replay", "already_replayed", "refused")}
     if args.json:
-        print(json.dumps({"replay_log": log_topic, "counts": counts, "results": results},
-                         indent=2, sort_keys=True))
+        print(json.dumps({"replay_log": log_topic, "counts": counts, "results": results,
+                          "passed_over": [v.as_dict() for v in passed_over]}, indent=2, sort_keys=True))
     else:
         for r in results:
             d = r["dead_letter"]

@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import socket
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -94,14 +94,37 @@ def parse(record: Record) -> DeadLetterView:
                           text["error-class"], headers[:-len(STAGE_HEADERS)])
 
 
+def input_schemas(cfg: StageConfig) -> dict[str, str]:
+    """The stage's input topics and their record names: what a dead letter can be replayed to."""
+    return {cfg.topics.receipts: "ReceiptEvent", cfg.topics.staged_calls: "StagedCall"}
+
+
+def group_of(view: DeadLetterView, codecs: dict, inputs: dict[str, str]) -> str | None:
+    """The group id in the dead letter's value; None when it names none: not from an input
+    topic, no value, or a value that does not decode with the current schemas."""
+    schema = inputs.get(view.source_topic) if view.well_formed else None
+    if schema is None or view.record.value is None:
+        return None
+    try:
+        return codecs[schema].decode(view.record.value)["group_id"]
+    except WireError:
+        return None
+
+
 @dataclass
 class Filters:
+    """What to select. ``key`` (a group id as bytes) selects the dead letters of that group:
+    keyed so, or whose value names the group under another key (misrouted). With
+    ``of_group_only`` (replay) the value must name the group: a record merely keyed so whose
+    value does not decode names no group, and is passed over (it could not be replayed)."""
+
     error_classes: set = field(default_factory=set)
     source_topic: str | None = None
     source_partition: int | None = None
     key: bytes | None = None
     grep: str | None = None
     at: set = field(default_factory=set)     # {(dead-letter partition, offset)}
+    of_group_only: bool = False
 
     def __post_init__(self) -> None:
         unknown = set(self.error_classes) - set(ERROR_CLASSES)
@@ -113,19 +136,31 @@ class Filters:
         return bool(self.error_classes or self.source_topic or self.source_partition is not None
                     or self.key is not None or self.grep or self.at)
 
-    def match(self, view: DeadLetterView) -> bool:
+    def match(self, view: DeadLetterView, group=None) -> bool:
+        """``group()``: the group id the view's value names (None: none; not given: keys only)."""
         return ((not self.error_classes or view.error_class in self.error_classes)
                 and (self.source_topic is None or view.source_topic == self.source_topic)
                 and (self.source_partition is None or view.source_partition == self.source_partition)
-                and (self.key is None or view.record.key == self.key)
                 and (not self.grep or self.grep in (view.error or ""))
-                and (not self.at or (view.record.partition, view.record.offset) in self.at))
+                and (not self.at or (view.record.partition, view.record.offset) in self.at)
+                and (self.key is None or self._of_group(view, group)))
+
+    def _of_group(self, view: DeadLetterView, group) -> bool:
+        if group is None:
+            return view.record.key == self.key
+        named = group()
+        if self.of_group_only:
+            return named is not None and named.encode("utf-8") == self.key
+        return view.record.key == self.key or (named is not None and named.encode("utf-8") == self.key)
 
 
 def find(cfg: StageConfig, reader: PartitionReader, filters: Filters, *, since_ms: int | None = None,
-         until_ms: int | None = None) -> tuple[list[DeadLetterView], int]:
+         until_ms: int | None = None, codecs: dict | None = None,
+         passed_over: list | None = None) -> tuple[list[DeadLetterView], int]:
     """Every dead letter matching ``filters`` between the two times (offset order per
-    partition), and how many records were read."""
+    partition), and how many records were read. With ``codecs`` a key filter also looks at the
+    group id each value names (Filters); dead letters keyed so but passed over because their
+    value names no such group are appended to ``passed_over``."""
     topic = cfg.topics.dead_letter
     count = reader.partitions(topic)
     if count is None:
@@ -135,6 +170,19 @@ def find(cfg: StageConfig, reader: PartitionReader, filters: Filters, *, since_m
     if any(p >= count for p in wanted):
         raise ValueError(f"{topic} has {count} partitions, --at names partition(s) "
                          f"{sorted(p for p in wanted if p >= count)}")
+    inputs = input_schemas(cfg)
+    others = replace(filters, key=None, of_group_only=False)    # every filter but the key
+
+    def keep(record) -> bool:
+        view = parse(record)
+        group = None if codecs is None else (lambda: group_of(view, codecs, inputs))
+        if filters.match(view, group):
+            return True
+        if (passed_over is not None and filters.of_group_only and filters.key is not None
+                and view.record.key == filters.key and others.match(view)):
+            passed_over.append(view)      # keyed so, but its value names no such group
+        return False
+
     for p in sorted(wanted):
         low, high = reader.bounds(topic, p)
         start = max(low, reader.offset_at(topic, p, since_ms, low))
@@ -142,10 +190,9 @@ def find(cfg: StageConfig, reader: PartitionReader, filters: Filters, *, since_m
         if filters.at:      # just the offsets asked for
             offsets = [o for q, o in filters.at if q == p]
             start, end = max(start, min(offsets)), min(end, max(offsets) + 1)
-        match = None if filters.key is None else (lambda k: k == filters.key)
-        records, n = reader.scan(topic, p, start, end, match)
+        records, n = reader.scan(topic, p, start, end, keep)
         read += n
-        out += [v for v in map(parse, records) if filters.match(v)]
+        out += [parse(r) for r in records]
     return out, read
 
 
@@ -193,12 +240,14 @@ class Replayer:
     """Re-produces dead letters to their source topics, each at most once (see module doc)."""
 
     def __init__(self, cfg: StageConfig, reader: PartitionReader, codecs: dict, *, log_topic: str,
-                 rekey: bool = False, dry_run: bool = False) -> None:
+                 rekey: bool = False, dry_run: bool = False, into_published: bool = False) -> None:
         self.cfg, self.reader, self.codecs = cfg, reader, codecs
         self.log_topic, self.rekey, self.dry_run = log_topic, rekey, dry_run
-        self.inputs = {cfg.topics.receipts: "ReceiptEvent", cfg.topics.staged_calls: "StagedCall"}
+        self.into_published = into_published
+        self.inputs = input_schemas(cfg)
         self.producer: Producer | None = None
         self.markers: dict[str, dict] = {}
+        self._published: dict[str, str | None] = {}
 
     def prepare(self) -> None:
         """Fence any other replay, then read the markers (in that order: see module doc)."""
@@ -228,6 +277,9 @@ class Replayer:
         except WireError as error:
             return "refused", (f"does not decode with the current schemas and limits either, so the "
                                f"stage would dead-letter it again: {error}"), None
+        published = self.published(group_id)
+        if published is not None and not self.into_published:
+            return "refused", f"{published}; --into-published re-produces it anyway", None
         key, rekeyed = view.record.key, False
         if key != group_id.encode("utf-8"):
             if not self.rekey:
@@ -240,8 +292,43 @@ class Replayer:
         if count is None:
             return "refused", f"source topic {view.source_topic} does not exist", None
         target = {"topic": view.source_topic, "partition": partition_for(key, count), "key": key,
-                  "rekeyed": rekeyed}
+                  "rekeyed": rekeyed, "warning": None}
+        if published is not None:
+            target["warning"] = f"{published}; re-produced anyway (--into-published)"
         return ("would_replay" if self.dry_run else "ready"), "", target
+
+    def published(self, group_id: str) -> str | None:
+        """Why the ledger says ``group_id`` was published, and what a copy would then do (None:
+        not published, as far as the ledger knows). A live entry: published, its late records are skipped. A tombstone: it
+        was published and then forgotten after ``late_retention_ms``, so a copy would start the
+        group again and publish it a second time. The ledger is compacted: once compaction has
+        dropped a tombstone too (``delete.retention.ms``), nothing is known."""
+        if group_id not in self._published:
+            self._published[group_id] = self._ledger_says(group_id)
+        return self._published[group_id]
+
+    def _ledger_says(self, group_id: str) -> str | None:
+        topic, key = self.cfg.topics.stage_ledger, group_id.encode("utf-8")
+        count = self.reader.partitions(topic)
+        if not count:
+            return None
+        p = partition_for(key, count)
+        low, high = self.reader.bounds(topic, p)
+        records, _ = self.reader.scan(topic, p, low, high, lambda r: r.key == key)
+        if not records:
+            return None
+        last = records[-1]
+        if last.value is None:
+            return (f"group {group_id!r} was published and then forgotten (ledger tombstone at "
+                    f"{last.where}, after late_retention_ms): a copy would start it again and "
+                    f"publish it a second time")
+        try:
+            entry = self.codecs["LedgerEntry"].decode(last.value)
+        except WireError as error:
+            return f"group {group_id!r} has an unreadable ledger entry at {last.where} ({error})"
+        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(entry["published_at_ms"] / 1000))
+        return (f"group {group_id!r} was already published at {when} ({entry['outcome']}; ledger "
+                f"{last.where}): the stage would count a copy as a late record and never use it")
 
     def replay(self, view: DeadLetterView, target: dict) -> dict:
         """Produce the copy and its marker in one transaction; returns where the copy went."""

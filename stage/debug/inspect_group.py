@@ -57,7 +57,7 @@ class GroupInspector:
         if min_end is not None:     # a record known to be the group's: the range must hold it
             start, end = min(start, max(low, min_end - 1)), max(end, min(high, min_end))
         found, read = self.reader.scan(topic, partition, start, end,
-                                       None if key is None else (lambda k: k == key))
+                                       None if key is None else (lambda r: r.key == key))
         self.scanned.append({"topic": topic, "partition": partition, "start": start, "end": end,
                              "records_read": read, "found": len(found)})
         return found

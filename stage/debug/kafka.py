@@ -82,8 +82,8 @@ class PartitionReader:
         return default if found.offset < 0 else found.offset
 
     def scan(self, topic: str, partition: int, start: int, end: int, match=None) -> tuple[list[Record], int]:
-        """Records of ``[start, end)`` for which ``match(key)`` holds (all with no ``match``),
-        and how many records were read."""
+        """Records of ``[start, end)`` for which ``match(record)`` holds (all with no ``match``),
+        and how many records were read. Only the matching records are kept."""
         out: list[Record] = []
         read = 0
         if end <= start:
@@ -110,10 +110,11 @@ class PartitionReader:
                     break
                 last_seen = msg.offset()
                 read += 1
-                if match is None or match(msg.key()):
-                    ts_type, ts = msg.timestamp()
-                    out.append(Record(topic, partition, msg.offset(), ts if ts_type else None, msg.key(),
-                                      msg.value(), tuple(msg.headers() or ())))
+                ts_type, ts = msg.timestamp()
+                record = Record(topic, partition, msg.offset(), ts if ts_type else None, msg.key(),
+                                msg.value(), tuple(msg.headers() or ()))
+                if match is None or match(record):
+                    out.append(record)
                 self.progress.update(f"scanning {topic}[{partition}] offsets {start}..{end - 1}: "
                                      f"at {last_seen} ({(last_seen - start + 1) * 100 // (end - start)}%), "
                                      f"{len(out)} found")

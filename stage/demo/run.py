@@ -107,6 +107,7 @@ def stage_config(opts: DemoOptions, bootstrap: str, topics: TopicNames, prefix: 
         bootstrap_servers=bootstrap, topics=topics, group_id=f"{prefix}-stage",
         transactional_id=f"{prefix}-stage-tx", group_timeout_ms=opts.group_timeout_ms,
         publish_linger_ms=10, poll_timeout_ms=20, finalize_workers=opts.finalize_workers,
+        metrics_port=0,    # the demo's stage serves no HTTP (a deployed stage may hold the port)
         finalize=finalize_config(opts, topics), consumer=dict(client or CLIENT_TIMEOUTS))
 
 

@@ -1,33 +1,24 @@
-"""Router-replay route plans and the shared route executor (NeMo RL spec §3, §5). No Kafka."""
+"""Router-replay route plans and the shared route executor (NeMo RL spec §3, §5). No Kafka.
 
+The constants are imported at once (torch-free); every other name from its module on first use
+(stage.lazy_exports), so the settings model can read ROUTE_PLAN_SCHEMA_VERSION without torch.
+"""
+
+from stage import lazy_exports
 from stage.routes import constants as _constants
-from stage.routes.builder import RoutePlanBuildError, build_route_plan
 from stage.routes.constants import *  # noqa: F403  (the constants are the public vocabulary)
-from stage.routes.device import resolve_device
-from stage.routes.executor import (
-    ROUTED_EXPERTS_FALLBACK_DTYPE,
-    RouteDimsCache,
-    build_group_route_tensor,
-    execute_direct_plan,
-    execute_route_plan,
-)
-from stage.routes.fragment import (
-    RouteFragment,
-    encode_extras_metadata_json,
-    rebuild_route_extras,
-    verify_route_fragment_integrity,
-)
-from stage.routes.plan import (
-    RouteAssemblyPlan,
-    RouteSpan,
-    decode_route_plan,
-    dumps_route_plan,
-    encode_route_plan,
-    encoded_route_plan_size_bytes,
-    loads_route_plan,
-    placeholder_route_plan,
-    validate_route_plan,
-)
+
+__getattr__, __dir__ = lazy_exports(__name__, globals(), {
+    "builder": ("RoutePlanBuildError", "build_route_plan"),
+    "device": ("resolve_device",),
+    "executor": ("ROUTED_EXPERTS_FALLBACK_DTYPE", "RouteDimsCache", "build_group_route_tensor",
+                 "execute_direct_plan", "execute_route_plan"),
+    "fragment": ("RouteFragment", "encode_extras_metadata_json", "rebuild_route_extras",
+                 "verify_route_fragment_integrity"),
+    "plan": ("RouteAssemblyPlan", "RouteSpan", "decode_route_plan", "dumps_route_plan",
+             "encode_route_plan", "encoded_route_plan_size_bytes", "loads_route_plan",
+             "placeholder_route_plan", "validate_route_plan"),
+})
 
 __all__ = [
     *(name for name in vars(_constants) if name.isupper()),

@@ -14,8 +14,6 @@ import re
 import time
 from collections.abc import Mapping
 
-from stage.finalize import REJECTION_LOGGER
-
 REJECTION_LOG_ENV = "ROLLOUT_REASSEMBLER_REJECTION_LOG_LEVEL"
 _OFF = "OFF"
 
@@ -37,6 +35,7 @@ def apply_rejection_log_level(environ: Mapping[str, str]) -> None:
     """Set the rejection logger's level from the environment; untouched when unset."""
     value = environ.get(REJECTION_LOG_ENV)
     if value is not None and value.strip():
+        from stage.finalize import REJECTION_LOGGER   # here: `topics` must not import torch
         logging.getLogger(REJECTION_LOGGER).setLevel(rejection_log_level(value))
 
 

@@ -49,34 +49,15 @@ from stage.runtime.partition import Partitions
 from stage.runtime.pauses import SHUTDOWN, PauseSet
 from stage.runtime.probes import BrokerQueries
 from stage.runtime.publication import Publication
-from stage.runtime.registry import SchemaResolver
+from stage.runtime.registry import SchemaResolver, build_codecs
 from stage.runtime.startup import connect_admin, probe_device, register_output_schemas
 from stage.runtime.stats import RuntimeStats
 from stage.runtime.topics import PartitionWatch
-from stage.wire import AvroCodec, value_subject
 
 logger = logging.getLogger(__name__)
 
 OUTPUT_RECORDS = ("CanonicalRow", "RoutePlan", "GroupSummary", "LedgerEntry")
 _TOPOLOGY_CHECK_S = 30.0
-
-
-def _registry(cfg: StageConfig):
-    if cfg.framing != "confluent":
-        return None
-    from confluent_kafka.schema_registry import SchemaRegistryClient
-    # Lookups run on the resolver's thread, with its own back-off: no client-side retries.
-    return SchemaRegistryClient({"url": cfg.schema_registry_url, "timeout": 10, "max.retries": 0})
-
-
-def build_codecs(cfg: StageConfig) -> dict[str, AvroCodec]:
-    registry = _registry(cfg)
-    subjects = {"ReceiptEvent": cfg.topics.receipts, "StagedCall": cfg.topics.staged_calls,
-                "CanonicalRow": cfg.topics.canonical_rows, "RoutePlan": cfg.topics.route_plans,
-                "GroupSummary": cfg.topics.finalized_groups, "LedgerEntry": cfg.topics.stage_ledger}
-    return {name: AvroCodec(name, framing=cfg.framing, registry=registry,
-                            subject=value_subject(topic), max_record_bytes=cfg.max_record_bytes)
-            for name, topic in subjects.items()}
 
 
 class StageRuntime:
@@ -162,10 +143,35 @@ class StageRuntime:
     def start(self) -> None:
         """Check everything that would fail every group (topics, device, schemas) before
         joining the group. Raises StageExit with the operator's message."""
-        cfg, clients = self.cfg, self.clients
+        cfg = self.cfg
         logger.info("starting: bootstrap %s, group %s, %s, framing %s, finalize device %s, routes %s",
                     cfg.bootstrap_servers, cfg.group_id, cfg.processing, cfg.framing,
                     cfg.finalize.device, _routes_mode(cfg))
+        self._serve_health()    # first: a port in use is a configuration error, said at once
+        try:
+            self._start_clients()
+        except BaseException:
+            if self.health is not None:
+                self.health.stop()
+                self.health = None
+            raise
+
+    def _serve_health(self) -> None:
+        port = self.cfg.metrics_port
+        if not port or self.health is not None:
+            return
+        from stage.observability import HealthServer
+        try:
+            self.health = HealthServer(self, port).start()
+        except OSError as error:
+            raise exits.StageExit(exits.EXIT_CONFIG, (
+                f"configuration error: metrics_port {port} is in use ({error.strerror}; another stage "
+                f"on this host?): set metrics_port, or ROLLOUT_REASSEMBLER_METRICS_PORT, to a free "
+                "port, or 0 for no /metrics, /healthz and /readyz")) from None
+        logger.info("metrics and health on :%d (/metrics, /healthz, /readyz)", self.health.port)
+
+    def _start_clients(self) -> None:
+        cfg, clients = self.cfg, self.clients
         clients.admin, self.partition_count = connect_admin(cfg)
         probe_device(cfg.finalize.device)
         register_output_schemas(self.codecs, OUTPUT_RECORDS, self._stop)
@@ -186,10 +192,6 @@ class StageRuntime:
         clients.consumer.list_topics(cfg.topics.staged_calls, timeout=10)
         clients.consumer.subscribe([cfg.topics.receipts], on_assign=self._on_assign,
                                    on_revoke=self._on_revoke, on_lost=self._on_lost)
-        if cfg.metrics_port and self.health is None:
-            from stage.observability import HealthServer
-            self.health = HealthServer(self, cfg.metrics_port).start()
-            logger.info("metrics and health on :%d (/metrics, /healthz, /readyz)", self.health.port)
         self._topology = PartitionWatch(clients.queries, self.topics, self.partition_count,
                                         _TOPOLOGY_CHECK_S)
         logger.info("stage started: %d partitions per topic, %s, transactional.id=%s; joining group %s",
@@ -359,4 +361,4 @@ def _routes_mode(cfg: StageConfig) -> str:
     return "deferred" if cfg.finalize.defer_routes else "direct"
 
 
-__all__ = ["StageRuntime", "build_codecs", "OUTPUT_RECORDS"]
+__all__ = ["OUTPUT_RECORDS", "StageRuntime", "build_codecs"]

@@ -6,6 +6,9 @@ paused), the id is resolved here, and the partition resumes once the registry ha
 outage is retriable: records wait, nothing is dead-lettered or committed past them, and the
 loop keeps polling (so the group membership, /healthz and SIGTERM keep working). Only an
 answer that the schema does not exist, or is unusable, makes the records undecodable.
+
+``build_codecs`` makes the codecs of every topic from the configuration (the registry client
+too, with Schema Registry framing); the operator commands use it without the runtime loop.
 """
 
 from __future__ import annotations
@@ -15,9 +18,29 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from stage.wire import RegistryError
+from stage.wire import AvroCodec, RegistryError, value_subject
 
 logger = logging.getLogger(__name__)
+
+
+def registry_client(cfg):
+    """The Schema Registry client of ``cfg`` (a StageConfig), None without registry framing."""
+    if cfg.framing != "confluent":
+        return None
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    # Lookups run on the resolver's thread, with its own back-off: no client-side retries.
+    return SchemaRegistryClient({"url": cfg.schema_registry_url, "timeout": 10, "max.retries": 0})
+
+
+def build_codecs(cfg) -> dict[str, AvroCodec]:
+    """Record name -> codec for every topic of ``cfg`` (a StageConfig)."""
+    registry = registry_client(cfg)
+    subjects = {"ReceiptEvent": cfg.topics.receipts, "StagedCall": cfg.topics.staged_calls,
+                "CanonicalRow": cfg.topics.canonical_rows, "RoutePlan": cfg.topics.route_plans,
+                "GroupSummary": cfg.topics.finalized_groups, "LedgerEntry": cfg.topics.stage_ledger}
+    return {name: AvroCodec(name, framing=cfg.framing, registry=registry,
+                            subject=value_subject(topic), max_record_bytes=cfg.max_record_bytes)
+            for name, topic in subjects.items()}
 
 
 @dataclass

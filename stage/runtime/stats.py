@@ -44,5 +44,11 @@ class RuntimeStats:
     def total(self, name: str) -> float:
         return sum(v for (n, _), v in self.counters.items() if n == name)
 
+    def activity(self) -> float:
+        """The sum of every counter: it moves whenever the stage does anything (consumes,
+        publishes, dead-letters, rebalances). Safe to call from any thread."""
+        with self._lock:
+            return sum(self.counters.values())
+
     def heartbeat(self) -> None:
         self.last_loop_at = time.monotonic()

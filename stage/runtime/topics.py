@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 if TYPE_CHECKING:   # the CLI reads this module's defaults while building its parser: keep it light
@@ -54,6 +55,16 @@ def check_copartitioning(admin: AdminClient, cfg: StageConfig) -> int:
 DEFAULT_REPLICATION = 3
 DEFAULT_MIN_INSYNC_REPLICAS = 2
 DEFAULT_MAX_MESSAGE_BYTES = 64 << 20
+ONE_BROKER_FLAGS = "--replication 1 --min-insync-replicas 1"
+
+
+def _too_few_brokers(replication: int, brokers: int) -> TopologyError:
+    return TopologyError(
+        f"replication factor {replication} needs {replication} brokers, but only {brokers} "
+        f"broker(s) are registered. On a single development broker create the topics with "
+        f"`{ONE_BROKER_FLAGS}` (`rollout-reassembler broker --create-topics` does); in "
+        f"production keep the defaults (3 replicas, min ISR 2: exactly-once needs every commit on "
+        f"more than one broker)")
 
 
 def topic_specs(cfg: StageConfig, partitions: int, replication: int, max_message_bytes: int,
@@ -78,7 +89,8 @@ def create_topics(admin: AdminClient, cfg: StageConfig, *, partitions: int,
         raise ValueError(f"need partitions >= 1 and 1 <= min_insync_replicas <= replication, got "
                          f"{partitions}, {min_insync_replicas}, {replication}")
     specs = topic_specs(cfg, partitions, replication, max_message_bytes, min_insync_replicas)
-    existing = admin.list_topics(timeout=timeout).topics
+    metadata = admin.list_topics(timeout=timeout)
+    existing = metadata.topics
     differences = _differences(admin, [s for s in specs if s.topic in existing], existing, timeout)
     if differences:
         raise TopologyError("existing topics differ from what was asked: " + "; ".join(differences)
@@ -87,8 +99,15 @@ def create_topics(admin: AdminClient, cfg: StageConfig, *, partitions: int,
     specs = [s for s in specs if s.topic not in existing]
     if not specs:
         return []
+    if replication > len(metadata.brokers):    # Kafka would refuse each topic: say what to ask for
+        raise _too_few_brokers(replication, len(metadata.brokers))
     for future in admin.create_topics(specs, operation_timeout=timeout).values():
-        future.result()
+        try:
+            future.result()
+        except KafkaException as error:   # a broker left since the metadata above
+            if error.args[0].code() == KafkaError.INVALID_REPLICATION_FACTOR:
+                raise _too_few_brokers(replication, len(admin.list_topics(timeout=timeout).brokers)) from error
+            raise
     _wait_visible(admin, [s.topic for s in specs], partitions, timeout)
     return [s.topic for s in specs]
 

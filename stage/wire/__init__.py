@@ -1,18 +1,11 @@
 """Avro wire layer: the schemas of every topic, PackedTensor, and the record codec.
 
 No Kafka client here: bytes in, dicts out (and back), for the consumer loop, the producer
-SDK and the trainer-side reader alike.
+SDK and the trainer-side reader alike. The tensor helpers need torch: they are imported on first
+use (stage.lazy_exports), so the codecs alone do not import it.
 """
 
-from .codec import (
-    DEFAULT_MAX_RECORD_BYTES,
-    SMALL_RECORD_MAX_BYTES,
-    AvroCodec,
-    default_max_record_bytes,
-)
-from .errors import RegistryError, SchemaNotCached, WireError
-from .schemas import SCHEMAS_DIR_ENV, schema, schema_json, schema_names, schemas_dir
-from .tensors import STORAGE_DTYPES, pack_tensor, unpack_tensor, unpack_torch
+from stage import lazy_exports
 from stage.config.topics import (
     CANONICAL_ROWS_TOPIC,
     DEAD_LETTER_TOPIC,
@@ -24,7 +17,19 @@ from stage.config.topics import (
     TopicNames,
 )
 
+from .codec import (
+    DEFAULT_MAX_RECORD_BYTES,
+    SMALL_RECORD_MAX_BYTES,
+    AvroCodec,
+    default_max_record_bytes,
+)
+from .errors import RegistryError, SchemaNotCached, WireError
+from .schemas import SCHEMAS_DIR_ENV, schema, schema_json, schema_names, schemas_dir
 from .topics import TOPIC_RECORDS, value_subject
+
+__getattr__, __dir__ = lazy_exports(__name__, globals(), {
+    "tensors": ("STORAGE_DTYPES", "pack_tensor", "unpack_tensor", "unpack_torch"),
+})
 
 __all__ = [
     "AvroCodec", "DEFAULT_MAX_RECORD_BYTES", "SMALL_RECORD_MAX_BYTES", "default_max_record_bytes",

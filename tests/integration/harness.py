@@ -34,7 +34,7 @@ def unique_topics() -> TopicNames:
 def stage_config(bootstrap: str, topics: TopicNames, **overrides) -> StageConfig:
     base = dict(bootstrap_servers=bootstrap, topics=topics, group_id=f"stage-{topics.receipts}",
                 transactional_id=f"tx-{topics.receipts}", group_timeout_ms=5_000,
-                publish_linger_ms=10, poll_timeout_ms=20,
+                publish_linger_ms=10, poll_timeout_ms=20, metrics_port=0,   # many stages per host
                 consumer={"session.timeout.ms": 6000, "heartbeat.interval.ms": 500})
     base.update(overrides)
     return StageConfig(**base)

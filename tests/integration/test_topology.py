@@ -99,3 +99,20 @@ def test_topics_check_warns_about_weak_durability_and_can_require_it(kafka, tmp_
            "(< 2), cleanup.policy delete" in captured.err
     assert captured.err.count("warning: ") == 8          # seven topics and the advice
     assert main(["topics", "check", "--config", str(config), "--require-durable"]) == 1
+
+
+def test_topics_create_on_one_broker_names_the_flags_it_needs(kafka, tmp_path, capsys):
+    """The production defaults (3 replicas) on a single broker: refused before anything is
+    created, with the flags that work there."""
+    topics = unique_topics()
+    config = tmp_path / "stage.yaml"
+    config.write_text(yaml.safe_dump({"topics": topics.all(), "bootstrap_servers": kafka.bootstrap}))
+    assert main(["topics", "create", "--config", str(config), "--partitions", "2"]) == 1
+    err = capsys.readouterr().err
+    assert "replication factor 3 needs 3 brokers, but only 1 broker(s) are registered" in err
+    assert "--replication 1 --min-insync-replicas 1" in err
+    shown = AdminClient({"bootstrap.servers": kafka.bootstrap}).list_topics(timeout=10).topics
+    assert not set(topics.all().values()) & set(shown)                 # nothing half-created
+    assert main(["topics", "create", "--config", str(config), "--partitions", "2",
+                 "--replication", "1", "--min-insync-replicas", "1"]) == 0
+    assert "ok: 2 partitions per topic" in capsys.readouterr().out
