@@ -69,11 +69,14 @@ class StageConfig(ConfigModel):
                              "Python: measured, 2 threads finalize a group 1.5x slower than 1 (GIL "
                              "contention); more help only where work releases the GIL (CUDA)")
     max_buffered_bytes: Int = Field(
-        2 << 30, ge=1, description="back-pressure cap on buffered input: partitions pause at a cap while "
-                                   "groups are being finalized or published, and resume below "
-                                   "`resume_fraction` of it. When every buffered group waits for unread "
-                                   "input the stage keeps reading (pausing would deadlock it); deadlines "
-                                   "bound that growth")
+        2 << 30, ge=1, description="cap on what the stage holds for unpublished groups: buffered input, "
+                                   "the working sets of groups being finalized, encoded outputs waiting "
+                                   "and the transaction in flight (docs/design.md, Memory). Partitions "
+                                   "pause at it while groups are being finalized or published and resume "
+                                   "below `resume_fraction` of it; a group starts finalizing only when its "
+                                   "working set fits (or nothing else is in progress). When every buffered "
+                                   "group waits for unread input the stage keeps reading (pausing would "
+                                   "deadlock it); deadlines bound that growth")
     max_buffered_groups: Int = Field(20_000, ge=1, description="back-pressure cap on open groups (as "
                                                                "`max_buffered_bytes`)")
     resume_fraction: float = Field(

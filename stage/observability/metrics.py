@@ -53,6 +53,8 @@ COUNTERS = {
 GAUGES = {
     "open_groups": "Groups buffered and not yet published",
     "buffered_bytes": "Bytes of input records held in the buffers",
+    "held_bytes": "Bytes held for unpublished groups (buffered input, finalize working sets, outputs "
+                  "waiting, the transaction in flight): what max_buffered_bytes caps",
     "paused_partitions": "Input partitions paused by back-pressure",
     "assigned_partitions": "Input topic-partitions assigned to this member: receipts and staged calls, two per co-partitioned partition",
     "inflight_groups": "Groups finalizing or waiting for a transaction",

@@ -1,8 +1,10 @@
-"""The back-pressure step: pause every assigned partition while the buffers hold more than
-their caps, resume once they drained below ``resume_fraction`` of them.
+"""The back-pressure step: pause every assigned partition while the stage holds more than its
+caps, resume once it drained below ``resume_fraction`` of them.
 
-Owns: whether it holds the BACKPRESSURE pause now. Reads every partition's buffered bytes and
-open groups; ``busy`` says whether any group is being finalized or published.
+Bytes are everything the stage holds for unpublished groups (stage.runtime.memory: buffered
+input, finalize working sets, outputs waiting, the transaction in flight); groups are the open
+groups of the buffers. Owns: whether it holds the BACKPRESSURE pause now. ``holdings`` says
+what is held where; ``busy`` whether any group is being finalized or published.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from stage.runtime.pauses import BACKPRESSURE
 
 
 class BackPressure:
-    def __init__(self, cfg, *, partitions, pauses, stats, busy) -> None:
+    def __init__(self, cfg, *, partitions, pauses, stats, busy, holdings) -> None:
         self.max_bytes = cfg.max_buffered_bytes
         self.max_groups = cfg.max_buffered_groups
         self.resume_fraction = cfg.resume_fraction
@@ -19,12 +21,15 @@ class BackPressure:
         self.pauses = pauses
         self.stats = stats
         self.busy = busy        # () -> True while groups are finalizing, queued or publishing
+        self.holdings = holdings   # () -> stage.runtime.memory.Holdings
         self.paused = False
 
     def apply(self) -> None:
-        nbytes = sum(s.buffered_bytes for s in self.partitions)
+        held = self.holdings()
+        nbytes = held.total
         groups = sum(s.open_groups for s in self.partitions)
-        self.stats.set("buffered_bytes", nbytes)
+        self.stats.set("buffered_bytes", held.buffered)
+        self.stats.set("held_bytes", nbytes)
         self.stats.set("open_groups", groups)
         full = nbytes >= self.max_bytes or groups >= self.max_groups
         drained = (nbytes < self.resume_fraction * self.max_bytes

@@ -45,6 +45,7 @@ from stage.runtime.detached import DetachedWorker
 from stage.runtime.finalization import Finalization
 from stage.runtime.intake import Intake
 from stage.runtime.loads import LedgerLoads
+from stage.runtime.memory import Holdings
 from stage.runtime.partition import Partitions
 from stage.runtime.pauses import SHUTDOWN, PauseSet
 from stage.runtime.probes import BrokerQueries
@@ -110,8 +111,10 @@ class StageRuntime:
                                    partitions=parts, pauses=self.pauses, clients=self.clients,
                                    stats=stats)
         self.finalization = Finalization(
-            pool=self.pool, max_inflight=cfg.max_inflight_groups, partitions=parts,
-            pauses=self.pauses, stats=stats,
+            pool=self.pool, max_inflight=cfg.max_inflight_groups, routes_mode=_routes_mode(cfg),
+            partitions=parts, pauses=self.pauses, stats=stats,
+            room=lambda: cfg.max_buffered_bytes - self.holdings().total,
+            idle=lambda: not self.publication.in_flight,
             task=dict(config=cfg.finalize, dims_cache=self.dims_cache, codecs=self.codecs,
                       topics=cfg.topics, limits=self.limits, now_ms=self.clock.now_ms))
         self.publication = Publication(cfg, pool=self.publish_pool, clients=self.clients,
@@ -126,8 +129,15 @@ class StageRuntime:
                                      clients=self.clients, stats=stats, fatal=lambda: self._fatal,
                                      declare_fatal=self._declare_fatal)
         self.backpressure = BackPressure(
-            cfg, partitions=parts, pauses=self.pauses, stats=stats,
+            cfg, partitions=parts, pauses=self.pauses, stats=stats, holdings=self.holdings,
             busy=lambda: self.finalization.busy or self.publication.in_flight)
+
+    def holdings(self) -> Holdings:
+        """What the stage holds for unpublished groups, by where (stage.runtime.memory)."""
+        return Holdings(buffered=sum(s.buffered_bytes for s in self.partitions),
+                        finalizing=self.finalization.working_bytes,
+                        outputs=sum(s.output_bytes for s in self.partitions),
+                        publishing=self.publication.publishing_bytes)
 
     def _declare_fatal(self, fatal: exits.StageExit) -> None:
         self._fatal = fatal

@@ -23,6 +23,11 @@ from dataclasses import dataclass, field
 from stage.buffer import PartitionBuffer
 
 
+def output_bytes(out) -> int:
+    """The encoded records of one finalized group (stage.runtime.worker.Outputs)."""
+    return sum(len(value) for _topic, value in out.records if value) + len(out.ledger_value or b"")
+
+
 @dataclass(eq=False)
 class PartitionState:
     number: int
@@ -52,7 +57,13 @@ class PartitionState:
 
     @property
     def buffered_bytes(self) -> int:
+        """Input bytes its buffer holds (groups in flight too, until they are published)."""
         return self.buffer.nbytes if self.buffer is not None else 0
+
+    @property
+    def output_bytes(self) -> int:
+        """Encoded output bytes of its finalized groups waiting for a transaction."""
+        return sum(output_bytes(out) for _seq, out in self.done)
 
     def clear_queues(self) -> None:
         self.waiting.clear()
@@ -129,6 +140,11 @@ class Partitions:
         for number, count in taken.items():
             del getattr(self._states[number], queue)[:count]
         return [item for _seq, _state, item in entries]
+
+    def peek_oldest(self, queue: str) -> list:
+        """The oldest item of one queue across partitions, left in place ([] if empty)."""
+        heads = [getattr(s, queue)[0] for s in self._states.values() if getattr(s, queue)]
+        return [min(heads, key=lambda e: e[0])[1]] if heads else []
 
     def items(self, queue: str):
         """Every item of one queue across partitions (left in place)."""

@@ -33,6 +33,7 @@ from stage.publish import Batch, PublishAborted, StageFatal
 from stage.publish.deadletters import DEAD_LETTER_WATERMARK_KEY, watermark_entry
 from stage.publish.transaction import COORDINATOR_CALLS, IDLE
 from stage.runtime import exits
+from stage.runtime.memory import PRODUCER_COPIES
 
 logger = logging.getLogger("stage.runtime.loop")
 
@@ -67,6 +68,13 @@ class Publication:
     @property
     def in_flight(self) -> bool:
         return self._flight is not None
+
+    @property
+    def publishing_bytes(self) -> int:
+        """The batch in flight, with librdkafka's copy of it (stage.runtime.memory)."""
+        if self._flight is None:
+            return 0
+        return PRODUCER_COPIES * sum(len(record[3]) for record in self._flight[2].records if record[3])
 
     def publish(self, force: bool = False) -> None:
         """Keep one transaction in flight on the publisher thread while the loop goes on

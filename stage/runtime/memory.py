@@ -1,0 +1,39 @@
+"""What the stage holds in memory, by where it is, against ``max_buffered_bytes``.
+
+A group's bytes are held in turn by: the buffer (its input records, until it is published),
+the finalize step (the working set while it is finalized: decoded columns, route tensors, the
+rows being encoded), its partition's ``done`` queue (its encoded outputs), and the transaction
+in flight (the batch's records, and librdkafka's copy of them in the producer queue until the
+transaction completes). Back-pressure pauses the input on the sum; the finalize step starts a
+group only when the sum leaves room for its working set (or nothing else is in progress, so
+that one group larger than the cap still moves).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Working set of a group being finalized, as a multiple of its input bytes (beyond the input
+# itself, which the buffer still counts): decoded token columns and the rows built from them,
+# and in direct router replay the decoded routes, the group route tensor and the encoded rows
+# that carry them.
+WORKING_SET = {"direct": 2.0, "deferred": 1.0, "off": 1.0}
+# librdkafka copies every produced value into its queue: the batch is held twice until the
+# transaction completes.
+PRODUCER_COPIES = 2
+
+
+@dataclass
+class Holdings:
+    buffered: int = 0        # input records in the buffers (groups in flight included)
+    finalizing: int = 0      # estimated working set of groups in the finalize pool
+    outputs: int = 0         # encoded outputs waiting for a transaction
+    publishing: int = 0      # the transaction in flight, with the producer's copy
+
+    @property
+    def total(self) -> int:
+        return self.buffered + self.finalizing + self.outputs + self.publishing
+
+
+def working_set(group_bytes: int, routes_mode: str) -> int:
+    return int(group_bytes * WORKING_SET.get(routes_mode, 1.0))
