@@ -133,12 +133,21 @@ def _differences(admin: AdminClient, specs: list[NewTopic], metadata: dict, time
 
 
 def _topic_configs(admin: AdminClient, names: list[str], timeout: float) -> dict[str, dict]:
-    """Each topic's configs (name -> ConfigEntry), asked in one request."""
+    """Each topic's configs (name -> ConfigEntry), asked in one request. Right after a topic is
+    created, the broker answering may not know it yet (UNKNOWN_TOPIC_OR_PART while the metadata
+    propagates on a multi-broker cluster): asked again until ``timeout``."""
     if not names:
         return {}
     resources = {name: ConfigResource(ConfigResource.Type.TOPIC, name) for name in names}
-    futures = admin.describe_configs(list(resources.values()), request_timeout=timeout)
-    return {name: futures[resource].result(timeout=timeout) for name, resource in resources.items()}
+    deadline = time.monotonic() + timeout
+    while True:
+        futures = admin.describe_configs(list(resources.values()), request_timeout=timeout)
+        try:
+            return {name: futures[resource].result(timeout=timeout) for name, resource in resources.items()}
+        except KafkaException as error:
+            if error.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
 
 
 def durability_warnings(admin: AdminClient, cfg: StageConfig, timeout: float = 10.0) -> list[str]:
