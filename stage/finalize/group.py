@@ -19,8 +19,9 @@ from stage.finalize import reasons as R
 from stage.finalize.labels import group_label_stats
 from stage.finalize.group_media import group_media_rows, media_tensors, pad_group_media
 from stage.finalize.receipt_facts import group_receipt_metrics
-from stage.finalize.rollout import FinalizedRollout, RolloutFinalizer
+from stage.finalize.rollout import FinalizedRollout, RolloutFinalizer, _reject
 from stage.routes import (
+    ROUTE_FAILURE_MODEL_SHAPE,
     RouteAssemblyPlan,
     build_group_route_tensor,
     encoded_route_plan_size_bytes,
@@ -106,6 +107,8 @@ class GroupFinalizer(RolloutFinalizer):
         t0 = time.perf_counter()
         rows = [self.finalize_rollout(rid, receipt, reward=float(reward))
                 for rid, receipt, reward in zip(rollout_ids, receipts, rewards)]
+        if cfg.direct_routes:
+            rows = self._settle_route_dims(rows)
         metrics["row_assembly/rollouts_ms"] = (time.perf_counter() - t0) * 1e3
         for part in ("verify", "routes"):  # the per-rollout split of rollouts_ms
             metrics[f"row_assembly/{part}_ms"] = sum(r.timings_ms.get(part, 0.0) for r in rows)
@@ -155,6 +158,26 @@ class GroupFinalizer(RolloutFinalizer):
             cleanup_staging_keys=all_keys, canonical_output_tokens=output_tokens,
             metrics=metrics, valid_row_count=len(valid_rows), total_row_count=n,
             routed_experts=group_routes, rejections=rejections)
+
+    def _settle_route_dims(self, rows: list[FinalizedRollout]) -> list[FinalizedRollout]:
+        """Direct mode: the group's route tensor has one (L, K): the configured dims, else the
+        first valid row's routes', else those learned by an earlier group. A valid row whose
+        routes have other dims is rejected (NeMo RL raises), and so is every valid row while
+        the dims are still unknown (NeMo RL raises for a valid row without routes then)."""
+        dims = self.config.route_dims or next(
+            (tuple(r.routed_experts.shape[1:]) for r in rows if r.valid and r.routed_experts is not None),
+            None) or self.dims_cache.dims
+        out = []
+        for row in rows:
+            reason = None
+            if row.valid and dims is None:
+                reason = R.ROUTE_DIMS_UNKNOWN
+            elif row.valid and row.routed_experts is not None and tuple(row.routed_experts.shape[1:]) != tuple(dims):
+                reason = R.reason(R.ROUTE_ASSEMBLY, ROUTE_FAILURE_MODEL_SHAPE)
+            out.append(row if reason is None else _reject(
+                row.rollout_id, row.reward, reason, row.staging_keys, facts=row.facts,
+                timings_ms=row.timings_ms))
+        return out
 
     # -- metrics -----------------------------------------------------------------------------
     @staticmethod

@@ -38,6 +38,10 @@ from stage.routes.constants import (  # noqa: E402
 )
 # Not NeMo RL's: a verified token id that int64 training tensors cannot hold.
 TOKEN_ID_RANGE = "token id exceeds int64 range"
+# Not NeMo RL's (it raises RuntimeError, and the stage would halt): direct router replay, a
+# valid row without routes while (L, K) is neither configured (finalize.route_layers /
+# route_topk) nor learned yet, so its sentinel route tensor cannot be shaped.
+ROUTE_DIMS_UNKNOWN = "route_dims_unknown"
 
 UNKNOWN_BUCKET = "unknown"
 

@@ -59,6 +59,14 @@ class FinalizedRollout:
     timings_ms: dict = field(default_factory=dict)  # verify (fetch + verify), routes
 
 
+class ConfiguredRouteDims(RouteDimsCache):
+    """The model's (L, K) from the configuration: staged routes are checked against it, never
+    learned from (a producer's routes with other dims reject their own rollout)."""
+
+    def learn(self, routes: torch.Tensor) -> None:
+        pass
+
+
 def _reject(rollout_id: str, reward: float, reason: str, keys=(), **extra) -> FinalizedRollout:
     return FinalizedRollout(rollout_id=rollout_id, valid=False, reward=reward,
                             rejection_reason=reason, staging_keys=list(keys), **extra)
@@ -75,7 +83,9 @@ class RolloutFinalizer:
                  dims_cache: RouteDimsCache | None = None) -> None:
         self.source = source
         self.config = config or ReassemblyConfig()
-        self.dims_cache = dims_cache or RouteDimsCache()
+        dims = self.config.route_dims
+        self.dims_cache = (ConfiguredRouteDims(dims) if dims is not None
+                           else dims_cache if dims_cache is not None else RouteDimsCache())
         # True when the source builds every snapshot through validation (both in-tree sources
         # do); verify_and_linearize then skips recomputing the call digests.
         self.source_validates = bool(getattr(source, "validates_snapshots", False))
