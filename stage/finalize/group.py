@@ -19,7 +19,7 @@ from stage.finalize import reasons as R
 from stage.finalize.labels import group_label_stats
 from stage.finalize.group_media import group_media_rows, media_tensors, pad_group_media
 from stage.finalize.receipt_facts import group_receipt_metrics
-from stage.finalize.rollout import FinalizedRollout, RolloutFinalizer, _reject
+from stage.finalize.rollout import FinalizedRollout, RolloutFinalizer, _reject, fits_float32
 from stage.routes import (
     ROUTE_FAILURE_MODEL_SHAPE,
     RouteAssemblyPlan,
@@ -91,6 +91,12 @@ class FinalizedGroup:
     rejections: list = field(default_factory=list)
 
 
+def _demote(row: FinalizedRollout, reason: str) -> FinalizedRollout:
+    """A verified rollout rejected for a group-level reason: its keys, facts and timings kept."""
+    return _reject(row.rollout_id, row.reward, reason, row.staging_keys, facts=row.facts,
+                   timings_ms=row.timings_ms)
+
+
 class GroupFinalizer(RolloutFinalizer):
     """finalize_rollout for each member, then the group's rows, metrics and routes."""
 
@@ -107,6 +113,9 @@ class GroupFinalizer(RolloutFinalizer):
         t0 = time.perf_counter()
         rows = [self.finalize_rollout(rid, receipt, reward=float(reward))
                 for rid, receipt, reward in zip(rollout_ids, receipts, rewards)]
+        if not fits_float32(loss_multiplier):   # every valid row would publish it as sample_mask
+            rows = [_demote(row, R.reason(R.NON_FINITE_VALUE, "sample_mask")) if row.valid else row
+                    for row in rows]
         if cfg.direct_routes:
             rows = self._settle_route_dims(rows)
         metrics["row_assembly/rollouts_ms"] = (time.perf_counter() - t0) * 1e3
@@ -174,9 +183,7 @@ class GroupFinalizer(RolloutFinalizer):
                 reason = R.ROUTE_DIMS_UNKNOWN
             elif row.valid and row.routed_experts is not None and tuple(row.routed_experts.shape[1:]) != tuple(dims):
                 reason = R.reason(R.ROUTE_ASSEMBLY, ROUTE_FAILURE_MODEL_SHAPE)
-            out.append(row if reason is None else _reject(
-                row.rollout_id, row.reward, reason, row.staging_keys, facts=row.facts,
-                timings_ms=row.timings_ms))
+            out.append(row if reason is None else _demote(row, reason))
         return out
 
     # -- metrics -----------------------------------------------------------------------------

@@ -42,6 +42,11 @@ TOKEN_ID_RANGE = "token id exceeds int64 range"
 # valid row without routes while (L, K) is neither configured (finalize.route_layers /
 # route_topk) nor learned yet, so its sentinel route tensor cannot be shaped.
 ROUTE_DIMS_UNKNOWN = "route_dims_unknown"
+# Not NeMo RL's: a float the row would publish is NaN or infinite (or beyond float32, the
+# published width). Detail: the published column (generation_topk_logprobs, pixel_values,
+# total_reward, sample_mask). Token log-probs and masks never get here: the contract refuses
+# non-finite values when it builds the staged snapshot.
+NON_FINITE_VALUE = "non_finite_value"
 
 UNKNOWN_BUCKET = "unknown"
 

@@ -7,6 +7,7 @@ reward and the staging keys known so far.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -22,7 +23,7 @@ from stage.contract import (
 from stage.finalize import reasons as R
 from stage.finalize.config import ReassemblyConfig
 from stage.contract.records import parse_json_text
-from stage.finalize.media import StagedMedia, concat_media, validate_media
+from stage.finalize.media import StagedMedia, concat_media, pixels_finite, validate_media
 from stage.finalize.receipt_facts import ReceiptFacts, facts_of_raw, facts_of_receipt
 from stage.finalize.source import FetchedStagedCall, TokenSource
 from stage.routes import (
@@ -59,6 +60,13 @@ class FinalizedRollout:
     timings_ms: dict = field(default_factory=dict)  # verify (fetch + verify), routes
 
 
+def fits_float32(value: float) -> bool:
+    """Finite, and finite once rounded to float32: the published width of total_reward and
+    sample_mask (Avro floats), so 1e308 is as unpublishable as inf."""
+    with np.errstate(over="ignore"):
+        return math.isfinite(value) and bool(np.isfinite(np.float32(value)))
+
+
 class ConfiguredRouteDims(RouteDimsCache):
     """The model's (L, K) from the configuration: staged routes are checked against it, never
     learned from (a producer's routes with other dims reject their own rollout)."""
@@ -92,6 +100,8 @@ class RolloutFinalizer:
 
     def finalize_rollout(self, rollout_id: str, receipt, *, reward: float) -> FinalizedRollout:
         cfg = self.config
+        if not fits_float32(reward):   # the stage's decoder refuses these; library callers may not
+            return _reject(rollout_id, 0.0, R.reason(R.NON_FINITE_VALUE, "total_reward"))
         if receipt is None:
             return _reject(rollout_id, reward, R.MISSING_RECEIPT)
         raw = None
@@ -180,6 +190,8 @@ class RolloutFinalizer:
                 validate_media(part, self.config.media_patch_size)
         except (KeyError, TypeError, ValueError) as error:
             return R.reason(R.INVALID_MEDIA_COLUMNS, error)
+        if not all(pixels_finite(part) for part in parts):
+            return R.reason(R.NON_FINITE_VALUE, "pixel_values")
         try:
             out.media = concat_media(parts)
         except (TypeError, ValueError) as error:
@@ -196,6 +208,8 @@ class RolloutFinalizer:
             if (topk is None or tuple(topk.ids.shape) != (gen, k)
                     or tuple(topk.logprobs.shape) != (gen, k)):
                 return R.reason(R.TOPK_LENGTH_MISMATCH, call_id)
+            if not np.isfinite(topk.logprobs).all():   # no digest binds these: check them here
+                return R.reason(R.NON_FINITE_VALUE, "generation_topk_logprobs")
             ids[span.start + carry:span.end] = topk.ids
             lps[span.start + carry:span.end] = topk.logprobs
         out.topk_ids, out.topk_logprobs = ids, lps
