@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -102,7 +103,10 @@ class GroupFinalizer(RolloutFinalizer):
 
     def finalize_group(self, group_id: str, rollout_ids, receipts, rewards, *, mask_sample,
                        fallback_weight_version: int, prompt_idx: int, loss_multiplier: float = 1.0,
-                       canonical_sample_ids=None, group_labels=(), result_stats=()) -> FinalizedGroup:
+                       canonical_sample_ids=None, group_labels=(), result_stats=(),
+                       rejected: Mapping[int, str] | None = None) -> FinalizedGroup:
+        """``rejected``: row index -> reason, rollouts the caller rejects without finalizing
+        them (the stage's rows whose records could not be published; no staging keys)."""
         n = len(rollout_ids)
         if not (len(receipts) == n and len(rewards) == n and len(mask_sample) == n):
             raise ValueError("rollout_ids, receipts, rewards, and mask_sample must be parallel")
@@ -111,8 +115,10 @@ class GroupFinalizer(RolloutFinalizer):
         cfg = self.config
         metrics: dict[str, float] = {}
         t0 = time.perf_counter()
-        rows = [self.finalize_rollout(rid, receipt, reward=float(reward))
-                for rid, receipt, reward in zip(rollout_ids, receipts, rewards)]
+        rejected = rejected or {}
+        rows = [_reject(rid, float(reward) if fits_float32(float(reward)) else 0.0, rejected[i])
+                if i in rejected else self.finalize_rollout(rid, receipt, reward=float(reward))
+                for i, (rid, receipt, reward) in enumerate(zip(rollout_ids, receipts, rewards))]
         if not fits_float32(loss_multiplier):   # every valid row would publish it as sample_mask
             rows = [_demote(row, R.reason(R.NON_FINITE_VALUE, "sample_mask")) if row.valid else row
                     for row in rows]

@@ -7,6 +7,7 @@ reward and the staging keys known so far.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from stage.contract import (
 )
 from stage.finalize import reasons as R
 from stage.finalize.config import ReassemblyConfig
+from stage.finalize.failures import halt_cause
 from stage.contract.records import parse_json_text
 from stage.finalize.media import StagedMedia, concat_media, pixels_finite, validate_media
 from stage.finalize.receipt_facts import ReceiptFacts, facts_of_raw, facts_of_receipt
@@ -35,6 +37,7 @@ from stage.routes import (
 )
 
 _INT64_MAX = np.iinfo(np.int64).max
+logger = logging.getLogger(__name__)
 
 
 @dataclass(eq=False)
@@ -77,7 +80,7 @@ class ConfiguredRouteDims(RouteDimsCache):
 
 def _reject(rollout_id: str, reward: float, reason: str, keys=(), **extra) -> FinalizedRollout:
     return FinalizedRollout(rollout_id=rollout_id, valid=False, reward=reward,
-                            rejection_reason=reason, staging_keys=list(keys), **extra)
+                            rejection_reason=R.bounded(reason), staging_keys=list(keys), **extra)
 
 
 def _unique_in_order(items) -> list:
@@ -99,6 +102,20 @@ class RolloutFinalizer:
         self.source_validates = bool(getattr(source, "validates_snapshots", False))
 
     def finalize_rollout(self, rollout_id: str, receipt, *, reward: float) -> FinalizedRollout:
+        """One verified row or a rejection; never raises for anything in the rollout's input.
+        An exception no guard names rejects this rollout alone (``finalize_error``); only the
+        causes ``stage.finalize.failures`` lists (device, host memory) propagate."""
+        try:
+            return self._finalize_rollout(rollout_id, receipt, reward=reward)
+        except Exception as error:  # noqa: BLE001 - classified right here
+            if halt_cause(error) is not None:
+                raise
+            logger.error("finalize: rollout %s raised %s; rejected (%s)", rollout_id,
+                         type(error).__name__, R.FINALIZE_ERROR, exc_info=True)
+            return _reject(rollout_id, reward if fits_float32(reward) else 0.0,
+                           R.reason(R.FINALIZE_ERROR, f"{type(error).__name__}: {error}"))
+
+    def _finalize_rollout(self, rollout_id: str, receipt, *, reward: float) -> FinalizedRollout:
         cfg = self.config
         if not fits_float32(reward):   # the stage's decoder refuses these; library callers may not
             return _reject(rollout_id, 0.0, R.reason(R.NON_FINITE_VALUE, "total_reward"))
