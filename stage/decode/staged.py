@@ -36,7 +36,19 @@ def staged_item(record: dict, position: Position, nbytes: int,
     if not isinstance(delta, int) or not 0 < delta <= limits.max_delta_tokens:
         raise DecodeError(f"must be in 1..{limits.max_delta_tokens}, got {delta!r}", field="delta_len")
     return StagedItem(group_id=group_id, staging_key=key, payload=record, position=position,
-                      nbytes=nbytes)
+                      nbytes=nbytes, fingerprint=staged_fingerprint(record))
+
+
+# Tensor columns a digest the record carries stands for (``digest``: the token columns,
+# ``extras_digest``: the routes): a second copy is compared through the digests, not byte by byte.
+_DIGESTED_COLUMNS = frozenset(("token_ids_delta", "token_mask_delta", "generation_log_probs_delta",
+                               "routed_experts", "routed_experts_boundary"))
+
+
+def staged_fingerprint(record: dict) -> tuple:
+    """(field, value) of every StagedCall field but the digested columns: references, no copy
+    (media and top-k, which no digest covers, are compared by value if a copy ever arrives)."""
+    return tuple((name, value) for name, value in record.items() if name not in _DIGESTED_COLUMNS)
 
 
 def _column(record: dict, name: str, dtypes, length: int) -> np.ndarray:

@@ -123,6 +123,33 @@ def test_garbage_and_truncated_records_go_to_the_dead_letter_topic_and_the_stage
     assert _summaries(kafka, topics)["fine"]["valid_rows"] == 2
 
 
+def test_copies_with_other_content_are_dead_lettered_as_conflicts_and_identical_ones_skipped(kafka):
+    """A second receipt or staged call under a buffered identity with other content was counted
+    as a duplicate and skipped without a trace."""
+    cfg, topics, feed = _setup(kafka)
+    spec = make_group("twice", 2, seed=8)
+    other_receipt = dict(spec.receipts[0], reward=0.75)
+    other_call = dict(spec.staged[0], digest="f" * 64)
+    feed.staged(spec, [spec.staged[0], spec.staged[0], other_call, *spec.staged[1:]])
+    feed.receipts(spec, [spec.receipts[0], spec.receipts[0], other_receipt, spec.receipts[1]])
+    feed.flush()
+    with RunningStage(cfg) as stage:
+        stats = stage.runtime.stats
+        stage.wait(lambda: stats.total("groups_published") >= 1 and stats.total("dead_letters") >= 2,
+                   60, "publication and dead letters")
+        assert stats.count("records_skipped", topic=topics.receipts, reason="duplicate") == 1
+        assert stats.count("records_skipped", topic=topics.staged_calls, reason="duplicate") == 1
+        assert stats.count("dead_letters", topic=topics.receipts, reason="conflict") == 1
+        assert stats.count("dead_letters", topic=topics.staged_calls, reason="conflict") == 1
+    letters = {m.value(): dict(m.headers()) for m in read_all(kafka.bootstrap, topics.dead_letter, expect=2)}
+    receipt_error = letters[feed.receipt_codec.encode(other_receipt)]["error"].decode()
+    assert "rollout_index 0 received twice with different content: reward 0.75 != 0.0" in receipt_error
+    staged_error = letters[feed.staged_codec.encode(other_call)]["error"].decode()
+    assert f"staging_key {spec.staged[0]['staging_key']!r} staged twice" in staged_error
+    assert all(h["error-class"] == b"conflict" for h in letters.values())
+    assert _summaries(kafka, topics)["twice"]["valid_rows"] == 2          # the first copies won
+
+
 def test_deferred_plans_point_at_fetchable_fragments_that_rebuild_the_direct_routes(kafka):
     finalize = ReassemblyConfig(router_replay=True, defer_routes=True)
     cfg, topics, feed = _setup(kafka, finalize=finalize)
