@@ -196,8 +196,9 @@ class GroupAssembler:
 
     ``counts``: rows, plans, duplicates (same sample id, same content: dropped), conflicts
     (same sample id, other content: dropped, the first copy wins), invalid (a record that
-    contradicts its group: wrong sample id, index out of range, another group size), groups,
-    unusable (complete, but a row's tensors cannot be built: logged, dropped), replayed (a
+    contradicts its group: wrong sample id, index out of range, another group size, row parts
+    that do not make one row), groups, unusable (complete, but a row's tensors cannot be built:
+    listed in ``unusable`` and left pending, so its records keep holding the offsets), replayed (a
     record of a group handed out before the reader's start position), abandoned (incomplete
     groups given up by ``abandon``) and late (records of an abandoned group).
     Completed groups are remembered (``remember`` most recent) so later copies of their rows
@@ -322,19 +323,20 @@ class GroupAssembler:
             return None
         if self.with_plans and any(not 0 <= i < n for i in pending.plans):
             return None  # a plan for a row index this group does not have: wait (invalid)
+        records = [pending.rows[i][0] for i in range(n)]
+        try:
+            rows = [row_from_record(r, device=self.device) for r in records]
+        except (ValueError, KeyError, TypeError) as error:   # e.g. a tensor of the wrong shape
+            # stays pending (its records hold the position): the caller must not move past it
+            self.counts["unusable"] += 1
+            self.unusable.append((group_id, pending.spans(), f"{type(error).__name__}: {error}"))
+            return None
         del self.pending[group_id]
         self.completed[group_id] = {**{("rows", i): d for i, (_, d) in pending.rows.items()},
                                     **{("plans", i): d for i, (_, d) in pending.plans.items()},
                                     **{("rows", i, p): d for (i, p), d in pending.part_digests.items()}}
         while len(self.completed) > self.remember:
             self.completed.popitem(last=False)
-        records = [pending.rows[i][0] for i in range(n)]
-        try:
-            rows = [row_from_record(r, device=self.device) for r in records]
-        except (ValueError, KeyError, TypeError) as error:   # e.g. a tensor of the wrong shape
-            self.counts["unusable"] += 1
-            self.unusable.append((group_id, pending.spans(), f"{type(error).__name__}: {error}"))
-            return None
         self.counts["groups"] += 1
         return TrainingGroup(
             group_id=group_id, rows=rows, records=records,

@@ -266,3 +266,58 @@ def test_impossible_part_numbers_are_invalid(part):
     assembler = GroupAssembler()
     assert assembler.add_row(dict(ROWS.decode(parts[1][0]), row_part=part)) is None
     assert assembler.counts["invalid"] == 1
+
+
+# --- the reader's limits follow one setting, the stage's max_record_bytes --------------------
+
+
+@pytest.mark.parametrize("max_record_bytes", [1 << 20, 64 << 20, 1_000_000_000 - (1 << 20)])
+def test_every_reader_limit_follows_max_record_bytes(monkeypatch, max_record_bytes):
+    """The stage accepts max_record_bytes up to ~953 MiB; the reader and the route fetcher decoded
+    with a fixed 64 MiB cap and fetched with fixed 64 MiB limits."""
+    import stage.client.reader as reader_module
+    import stage.client.route_fetch as fetch_module
+    from stage.config.model import StageConfig
+    from stage.runtime.clients import consumer_config
+
+    class Captured:
+        confs = []
+
+        def __init__(self, conf):
+            self.confs.append(conf)
+
+        def assign(self, *_):
+            pass
+
+        def subscribe(self, *args, **kwargs):
+            pass
+
+    monkeypatch.setattr(reader_module, "Consumer", Captured)
+    monkeypatch.setattr(fetch_module, "Consumer", Captured)
+    reader = reader_module.CanonicalReader("b:9092", group_id="t", route_plans=True,
+                                           max_record_bytes=max_record_bytes)
+    fetcher = fetch_module.DeferredRouteFetcher("b:9092", dims=(2, 2), max_record_bytes=max_record_bytes)
+    stage = consumer_config(StageConfig(max_record_bytes=max_record_bytes))
+    for conf in Captured.confs:
+        for name in ("fetch.max.bytes", "max.partition.fetch.bytes", "receive.message.max.bytes"):
+            assert conf[name] == stage[name], name
+    assert {codec.max_record_bytes for _, codec in reader.codecs.values()} == {max_record_bytes}
+    assert fetcher.codec.max_record_bytes == max_record_bytes
+
+
+def test_a_complete_group_whose_rows_cannot_be_built_is_never_handed_out_and_holds_the_position():
+    """It was logged, dropped and finished: the position moved past it."""
+    from stage.client.stream import GroupStream
+
+    group, encoded = finalized_group()
+    stream = GroupStream()
+    tp = ("rows", 0)
+    stream.assigned(tp, None)
+    broken = ROWS.decode(encoded[1])
+    broken["input_ids"] = dict(broken["input_ids"], data=broken["input_ids"]["data"][:-1])
+    for offset, record in enumerate([ROWS.decode(encoded[0]), broken, ROWS.decode(encoded[2])]):
+        stream.offer("rows", tp, 10 + offset, record, None)
+    unusable = stream.end_batch()
+    assert unusable[0] == "grp" and unusable[1] == ("rows", 0, 10) and "input_ids" in unusable[2]
+    assert stream.next_group() is None
+    assert stream.position().offsets() == {tp: 10}

@@ -187,3 +187,30 @@ def test_deferred_plans_point_at_fetchable_fragments_that_rebuild_the_direct_rou
         expected = np.frombuffer(want["routed_experts"]["data"], dtype="<i2").reshape(want["routed_experts"]["shape"])
         assert torch.equal(routes, torch.from_numpy(expected.copy()))
     reader.close()
+
+
+def test_a_row_over_max_record_bytes_reaches_the_trainer_whole(kafka):
+    """Direct router replay at L=16, K=8 (256 route bytes a token): calls of 700 and 500 tokens make a
+    ~330 kB row, over a 256 KiB max_record_bytes; each staged call is under it. The WireError
+    "over max_record_bytes" halted the partition; now the row is published in parts and the
+    reader, given the stage's max_record_bytes, hands out the group whole."""
+    from stage.client import CanonicalReader
+
+    finalize = ReassemblyConfig(router_replay=True, route_layers=16, route_topk=8)
+    cap = 256 << 10
+    cfg, topics, feed = _setup(kafka, finalize=finalize, max_record_bytes=cap)
+    spec = make_group("long", 2, calls=2, seed=9, routes=(16, 8), prompt=(300, 100), generated=400)
+    feed.staged(spec)
+    feed.receipts(spec)
+    feed.flush()
+    with RunningStage(cfg) as stage:
+        stage.wait(lambda: stage.runtime.stats.total("groups_published") >= 1, 60, "publication")
+        assert not stage.runtime.halted
+    blobs = [m.value() for m in read_all(kafka.bootstrap, topics.canonical_rows)]
+    assert len(blobs) > 2 and all(len(b) <= cap for b in blobs)
+    with CanonicalReader(kafka.bootstrap, topics=topics, max_record_bytes=cap) as reader:
+        (group,) = reader.read(1, timeout=60)
+    want = expected_rows(spec, finalize)
+    assert [r.sample_id for r in group.rows] == ["long_g0", "long_g1"] and group.valid_rows == 2
+    assert [ROWS.encode(r) for r in group.records] == [ROWS.encode(r) for r in want]
+    assert group.tensors()["routed_experts"].shape[2:] == (16, 8)
