@@ -75,9 +75,14 @@ def receipt_difference(first: ReceiptItem, second: ReceiptItem) -> str | None:
     return None
 
 
+def _fields(fingerprint: tuple) -> dict:
+    names, values = fingerprint or ((), ())
+    return dict(zip(names, values))
+
+
 def staged_difference(first: StagedItem, second: StagedItem) -> str | None:
     """Why ``second`` (same group and staging_key as ``first``) is a conflict, or None."""
-    ours, theirs = dict(first.fingerprint), dict(second.fingerprint)
+    ours, theirs = _fields(first.fingerprint), _fields(second.fingerprint)
     for name in dict.fromkeys([*ours, *theirs]):
         a, b = ours.get(name), theirs.get(name)
         if not _same(a, b):

@@ -260,16 +260,16 @@ def test_receipts_that_differ_only_in_label_order_or_a_nan_nothing_checks_are_du
 def test_a_staged_call_repeated_with_other_content_is_a_conflict_naming_the_field():
     from dataclasses import replace
     b = buffer()
-    fields = (("staging_key", "r0/a"), ("digest", "ab" * 32), ("media", None))
-    first = replace(staged("g", "r0/a", 0), fingerprint=fields)
+    names = ("staging_key", "digest", "media")
+    first = replace(staged("g", "r0/a", 0), fingerprint=(names, ("r0/a", "ab" * 32, None)))
     b.add_staged(first, 0)
     assert b.add_staged(replace(first, position=Position(S, 0, 1, 0)), 0) == DUPLICATE
-    other = replace(first, fingerprint=(("staging_key", "r0/a"), ("digest", "cd" * 32), ("media", None)),
-                    position=Position(S, 0, 2, 0))
+    other = replace(first, fingerprint=(names, ("r0/a", "cd" * 32, None)), position=Position(S, 0, 2, 0))
     assert b.add_staged(other, 0) == CONFLICT
     assert b.last_conflict.startswith("conflicts with group g: staging_key 'r0/a' staged twice with "
                                       "different content: digest 'cdcdcd")
-    media = replace(first, fingerprint=(*fields[:2], ("media", {"imgs": b"\x01"})), position=Position(S, 0, 3, 0))
+    media = replace(first, fingerprint=(names, ("r0/a", "ab" * 32, {"imgs": b"\x01"})),
+                    position=Position(S, 0, 3, 0))
     assert b.add_staged(media, 0) == CONFLICT and "media differs" in b.last_conflict
     assert b.groups["g"].staged["r0/a"] is first and b.counts["staged_conflict"] == 2
 
