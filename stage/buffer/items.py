@@ -59,3 +59,7 @@ class StagedItem:
     position: Position
     nbytes: int
     extra: dict = field(default_factory=dict)
+    # (field names, values) taken at decode: what a second record under this staging_key is
+    # compared with (stage.buffer.duplicates); kept apart from the payload, so it survives a
+    # payload the buffer no longer holds whole. () when none was taken.
+    fingerprint: tuple = ()

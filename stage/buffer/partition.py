@@ -13,16 +13,18 @@ import heapq
 from collections import Counter
 from dataclasses import dataclass
 
+from stage.buffer.duplicates import receipt_difference, staged_difference
 from stage.buffer.fields import GroupFields, conflict_text, result_fields_text
 from stage.buffer.group import IN_FLIGHT, OPEN, GroupState
 from stage.buffer.items import ReceiptItem, StagedItem
 
 # What add_* did with a record (counted by the runtime).
 ADDED = "added"
-DUPLICATE = "duplicate"        # same rollout_index / staging_key already buffered: first one wins
+DUPLICATE = "duplicate"        # same rollout_index / staging_key and content already buffered
 LATE = "late"                  # its group is in flight or already published
 REPLAYED = "replayed"          # re-read after a restart; the ledger says its group is published
-CONFLICT = "conflict"          # contradicts the group's fields (stage.buffer.fields) or its N
+CONFLICT = "conflict"          # contradicts the group's fields (stage.buffer.fields) or its N, or
+                               # repeats a buffered identity with other content (.duplicates)
 
 COMPLETE = "complete"
 DEADLINE = "deadline"
@@ -100,8 +102,9 @@ class PartitionBuffer:
             self.last_conflict = conflict
             return self._count(CONFLICT, "receipt")
         group = self._group_for(item.group_id, pos.timestamp_ms, now_ms)
-        if item.rollout_index in group.receipts:
-            return self._count(DUPLICATE, "receipt")
+        held = group.receipts.get(item.rollout_index)
+        if held is not None:
+            return self._duplicate(receipt_difference(held, item), "receipt")
         if group.fields is None:
             group.fields = GroupFields.of(item)
         group.receipts[item.rollout_index] = item
@@ -131,14 +134,23 @@ class PartitionBuffer:
         if closed:
             return self._count(closed, "staged")
         group = self._group_for(item.group_id, pos.timestamp_ms, now_ms)
-        if item.staging_key in group.staged:
-            return self._count(DUPLICATE, "staged")
+        held = group.staged.get(item.staging_key)
+        if held is not None:
+            return self._duplicate(staged_difference(held, item), "staged")
         group.staged[item.staging_key] = item
         self._admit(group, item.nbytes, pos, now_ms)
         if group._missing_keys is not None:
             group._missing_keys.discard(item.staging_key)
         self._check_complete(group)
         return self._count(ADDED, "staged")
+
+    def _duplicate(self, difference: str | None, kind: str) -> str:
+        """A second record under a held identity: DUPLICATE (same content), else CONFLICT
+        with ``last_conflict`` naming what differs. The first copy stays either way."""
+        if difference is None:
+            return self._count(DUPLICATE, kind)
+        self.last_conflict = difference
+        return self._count(CONFLICT, kind)
 
     def _admit(self, group: GroupState, nbytes: int, pos, now_ms: int) -> None:
         group.nbytes += nbytes

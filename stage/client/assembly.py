@@ -5,11 +5,14 @@ groups. ``GroupAssembler`` joins records by group id and de-duplicates by sample
 Duplicates are expected: an at-least-once stage, a replayed transaction, or a broker that shows
 aborted records to read_committed readers (Tansu) can deliver a row twice. The first copy of a
 sample id wins; a copy with different content is counted as a conflict (``counts``), never used.
+A row the stage published in ``row_part`` records (larger than its max_record_bytes) counts once
+all its parts are in: ``merge_row_parts`` rebuilds the whole record (docs/schemas.md).
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Mapping
@@ -19,9 +22,11 @@ from typing import Any
 import torch
 
 from stage.finalize import CanonicalRow, FinalizedGroup, pad_group
+from stage.publish.records import MAX_ROW_PARTS, ROW_TENSOR_FIELDS
 from stage.routes import RouteAssemblyPlan, RouteSpan, resolve_device
 from stage.wire import unpack_torch
 
+logger = logging.getLogger("stage.client.reader")
 _ROW_TENSORS = ("input_ids", "generation_logprobs", "token_mask", "prompt_ids_for_adv")
 _OPTIONAL_TENSORS = ("routed_experts", "generation_topk_ids", "generation_topk_logprobs")
 # Media fields: allowed dtypes and dims (a row's logical row; see docs/schemas.md).
@@ -47,6 +52,39 @@ def row_from_record(record: Mapping[str, Any], *, device="cpu") -> CanonicalRow:
         sample_mask=record["sample_mask"], total_reward=record["total_reward"],
         mask_sample=record["mask_sample"], truncated=record["truncated"], media=media,
         **tensors, **optional)
+
+
+def merge_row_parts(parts: list[Mapping[str, Any]]) -> dict:
+    """The whole CanonicalRow record from its ``row_part`` records (in part index order): every
+    tensor field's parts concatenated along dimension 0 (their data bytes, C order), every other
+    field as the parts all carry it. ValueError when the parts do not make one row."""
+    first = parts[0]
+    scalars = [k for k in first if k not in ROW_TENSOR_FIELDS and k != "row_part"]
+    for part in parts[1:]:
+        differ = [k for k in scalars if part.get(k) != first[k]]
+        if differ:
+            raise ValueError(f"row parts of {first['sample_id']} disagree on {differ}")
+    merged = {k: first[k] for k in scalars}
+    merged["row_part"] = None
+    for name in ROW_TENSOR_FIELDS:
+        values = [part.get(name) for part in parts]
+        if all(v is None for v in values):
+            merged[name] = None
+            continue
+        if any(v is None for v in values):
+            raise ValueError(f"row parts of {first['sample_id']}: {name} is null in some parts only")
+        head = values[0]
+        if any(len(v["shape"]) < 1 or v["dtype"] != head["dtype"] or v["shape"][1:] != head["shape"][1:]
+               for v in values):
+            raise ValueError(f"row parts of {first['sample_id']}: {name} differs in dtype or trailing "
+                             "dims between parts")
+        merged[name] = {"dtype": head["dtype"], "shape": [sum(v["shape"][0] for v in values),
+                                                           *head["shape"][1:]],
+                        "data": b"".join(v["data"] for v in values)}
+    if merged["input_ids"]["shape"][0] != merged["input_lengths"]:
+        raise ValueError(f"row parts of {first['sample_id']} hold {merged['input_ids']['shape'][0]} "
+                         f"tokens, input_lengths is {merged['input_lengths']}")
+    return merged
 
 
 def route_plan_from_record(record: Mapping[str, Any]) -> RouteAssemblyPlan:
@@ -118,6 +156,8 @@ class _Pending:
     first_seen: float
     rows: dict = field(default_factory=dict)     # row_index -> (record, digest)
     plans: dict = field(default_factory=dict)    # row_index -> (record, digest)
+    parts: dict = field(default_factory=dict)    # row_index -> {part index: record} until whole
+    part_digests: dict = field(default_factory=dict)  # (row_index, part index) -> digest
     offsets: dict = field(default_factory=dict)  # (topic, partition) -> [lowest, highest] offset
 
     def note(self, position: tuple[str, int, int] | None) -> None:
@@ -136,6 +176,14 @@ def _digest(record: Mapping[str, Any], raw: bytes | None) -> bytes:
     return hashlib.blake2b(raw, digest_size=16).digest()
 
 
+def _record_key(kind: str, record: Mapping[str, Any]) -> tuple:
+    """What a record is a copy of: its row (or plan), or one part of a split row."""
+    part = record.get("row_part") if kind == "rows" else None
+    if part is None:
+        return kind, record["row_index"]
+    return kind, record["row_index"], part.get("index")
+
+
 # ``GroupAssembler.completed`` values for groups that left assembly without being completed
 # here: handed out before the position this reader started from, or abandoned incomplete.
 BEFORE_START: dict = {}
@@ -148,8 +196,9 @@ class GroupAssembler:
 
     ``counts``: rows, plans, duplicates (same sample id, same content: dropped), conflicts
     (same sample id, other content: dropped, the first copy wins), invalid (a record that
-    contradicts its group: wrong sample id, index out of range, another group size), groups,
-    unusable (complete, but a row's tensors cannot be built: logged, dropped), replayed (a
+    contradicts its group: wrong sample id, index out of range, another group size, row parts
+    that do not make one row), groups, unusable (complete, but a row's tensors cannot be built:
+    listed in ``unusable`` and left pending, so its records keep holding the offsets), replayed (a
     record of a group handed out before the reader's start position), abandoned (incomplete
     groups given up by ``abandon``) and late (records of an abandoned group).
     Completed groups are remembered (``remember`` most recent) so later copies of their rows
@@ -195,7 +244,7 @@ class GroupAssembler:
             elif done is ABANDONED:
                 self.counts["late"] += 1
             else:
-                seen = done.get((kind, index))
+                seen = done.get(_record_key(kind, record))
                 self.counts["duplicates" if seen == _digest(record, raw) else "conflicts"] += 1
             return None
         pending = self.pending.get(group_id)
@@ -226,11 +275,47 @@ class GroupAssembler:
             return None
         held = getattr(pending, kind)
         digest = _digest(record, raw)
+        if kind == "rows" and record.get("row_part") is not None:
+            whole = self._add_part(pending, index, record, digest)
+            if whole is None:
+                return None
+            record, digest = whole
         if index in held:
             self.counts["duplicates" if held[index][1] == digest else "conflicts"] += 1
             return None
         held[index] = (record, digest)
         return self._complete(group_id, pending)
+
+    def _add_part(self, pending: _Pending, index: int, record, digest: bytes):
+        """Hold one ``row_part`` record; the whole row's (record, digest) once its last part is
+        in, else None."""
+        part = record["row_part"]
+        number, count = part["index"], part["count"]
+        if not (2 <= count <= MAX_ROW_PARTS and 0 <= number < count):
+            self.counts["invalid"] += 1
+            return None
+        seen = pending.part_digests.get((index, number))
+        if seen is not None or (index in pending.rows and index not in pending.parts):
+            self.counts["duplicates" if seen == digest else "conflicts"] += 1
+            return None
+        held = pending.parts.setdefault(index, {})
+        if held and next(iter(held.values()))["row_part"]["count"] != count:
+            self.counts["invalid"] += 1
+            return None
+        held[number] = record
+        pending.part_digests[(index, number)] = digest
+        if len(held) < count:
+            return None
+        del pending.parts[index]
+        try:
+            whole = merge_row_parts([held[i] for i in range(count)])
+        except (ValueError, KeyError, TypeError) as error:
+            self.counts["invalid"] += 1
+            logger.error("row %d: its %d parts do not make one row: %s", index, count, error)
+            return None
+        combined = hashlib.blake2b(b"".join(pending.part_digests[(index, i)] for i in range(count)),
+                                   digest_size=16).digest()
+        return whole, combined
 
     def _complete(self, group_id: str, pending: _Pending) -> TrainingGroup | None:
         n = pending.group_size
@@ -238,18 +323,20 @@ class GroupAssembler:
             return None
         if self.with_plans and any(not 0 <= i < n for i in pending.plans):
             return None  # a plan for a row index this group does not have: wait (invalid)
-        del self.pending[group_id]
-        self.completed[group_id] = {**{("rows", i): d for i, (_, d) in pending.rows.items()},
-                                    **{("plans", i): d for i, (_, d) in pending.plans.items()}}
-        while len(self.completed) > self.remember:
-            self.completed.popitem(last=False)
         records = [pending.rows[i][0] for i in range(n)]
         try:
             rows = [row_from_record(r, device=self.device) for r in records]
         except (ValueError, KeyError, TypeError) as error:   # e.g. a tensor of the wrong shape
+            # stays pending (its records hold the position): the caller must not move past it
             self.counts["unusable"] += 1
             self.unusable.append((group_id, pending.spans(), f"{type(error).__name__}: {error}"))
             return None
+        del self.pending[group_id]
+        self.completed[group_id] = {**{("rows", i): d for i, (_, d) in pending.rows.items()},
+                                    **{("plans", i): d for i, (_, d) in pending.plans.items()},
+                                    **{("rows", i, p): d for (i, p), d in pending.part_digests.items()}}
+        while len(self.completed) > self.remember:
+            self.completed.popitem(last=False)
         self.counts["groups"] += 1
         return TrainingGroup(
             group_id=group_id, rows=rows, records=records,

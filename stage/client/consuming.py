@@ -22,20 +22,50 @@ def take(consumer: Consumer, max_records: int, timeout: float) -> list:
     return [first, *consumer.consume(max_records - 1, 0)] if max_records > 1 else [first]
 
 
-def reader_defaults(bootstrap_servers: str, group_id: str) -> dict:
-    fetch = 64 << 20
+# The stage's default max_record_bytes (StageConfig.max_record_bytes): a reader must use the
+# stage's value, whatever it is, or it cannot fetch or decode the largest records it publishes.
+DEFAULT_MAX_RECORD_BYTES = 64 << 20
+
+
+def fetch_limits(max_record_bytes: int) -> dict:
+    """librdkafka's fetch limits for records up to ``max_record_bytes``, as the stage sizes its
+    own consumer (stage.runtime.clients): a batch holds one record of the cap plus framing."""
+    fetch = max(max_record_bytes + (1 << 20), 52_428_800)
+    return {"fetch.max.bytes": fetch, "max.partition.fetch.bytes": max_record_bytes + (1 << 20),
+            "receive.message.max.bytes": fetch + 1_000_000}
+
+
+def reader_defaults(bootstrap_servers: str, group_id: str,
+                    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> dict:
     return {"bootstrap.servers": bootstrap_servers, "group.id": group_id,
             "enable.auto.commit": False, "auto.offset.reset": "earliest",
-            "isolation.level": "read_committed", "fetch.max.bytes": fetch,
-            "max.partition.fetch.bytes": fetch, "receive.message.max.bytes": fetch + (2 << 20)}
+            "isolation.level": "read_committed", **fetch_limits(max_record_bytes)}
 
 
-def codec_for(name: str, topic: str, framing: str, schema_registry_url: str | None) -> AvroCodec:
+def codec_for(name: str, topic: str, framing: str, schema_registry_url: str | None,
+              max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> AvroCodec:
     registry = None
     if framing == "confluent":
         from confluent_kafka.schema_registry import SchemaRegistryClient
         registry = SchemaRegistryClient({"url": schema_registry_url})
-    return AvroCodec(name, framing=framing, registry=registry, subject=value_subject(topic))
+    return AvroCodec(name, framing=framing, registry=registry, subject=value_subject(topic),
+                     max_record_bytes=max_record_bytes)
+
+
+class UnreadableRecord(RuntimeError):
+    """A record the reader cannot use. The reader stops before it (its position and commits
+    stay below the record) instead of skipping it: a checkpointing trainer must not lose a
+    group to a reader misconfigured for the stage."""
+
+    def __init__(self, what: str, topic: str, partition: int, offset: int, error, max_record_bytes: int):
+        super().__init__(
+            f"{what} at {topic}[{partition}]@{offset} cannot be read: {error}. The reader stopped "
+            f"before it (position() and commit() do not pass it). If the stage's max_record_bytes "
+            f"is above this reader's ({max_record_bytes}), create the reader with "
+            f"max_record_bytes=<the stage's> (DeferredRouteFetcher too); if the stage's framing or "
+            f"schema registry differ from this reader's, use the stage's; else inspect the record "
+            f"(`rollout-reassembler inspect`) and report it")
+        self.topic, self.partition, self.offset = topic, partition, offset
 
 
 # Transient states (a coordinator or leader moving, metadata not updated yet after a topic was

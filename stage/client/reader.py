@@ -25,7 +25,7 @@ from collections import Counter
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
 from stage.client.assembly import (
     GroupAssembler,
@@ -33,7 +33,14 @@ from stage.client.assembly import (
     route_plan_from_record,
     row_from_record,
 )
-from stage.client.consuming import codec_for, reader_defaults, retrying, take
+from stage.client.consuming import (
+    DEFAULT_MAX_RECORD_BYTES,
+    UnreadableRecord,
+    codec_for,
+    reader_defaults,
+    retrying,
+    take,
+)
 from stage.client.position import ReadPosition
 from stage.client.route_fetch import DeferredRouteFetcher
 from stage.client.staleness import Staleness
@@ -67,6 +74,13 @@ class CanonicalReader:
     ``remember_records``: the position also names the groups handed out within this many
     records below its offsets, so a copy published again later (an at-least-once stage) is
     dropped after a restart too.
+
+    ``max_record_bytes``: the stage's ``max_record_bytes`` (default: the stage's default, 64 MiB).
+    Every limit of the reader follows it: the decode cap of each record and librdkafka's fetch
+    limits (``config`` can still override single properties). A record the reader cannot decode,
+    or a complete group whose rows' tensors cannot be built, stops it: ``UnreadableRecord`` is
+    raised, now and on every later read, and the position never moves past the record (a
+    checkpointing trainer restarts from before it once the cause is fixed).
     """
 
     def __init__(self, bootstrap_servers: str, *, topics: TopicNames | None = None,
@@ -75,13 +89,15 @@ class CanonicalReader:
                  schema_registry_url: str | None = None, subscribe: bool | None = None,
                  start_from: ReadPosition | Mapping | None = None, staleness: Staleness | None = None,
                  max_pending_records: int = DEFAULT_MAX_PENDING_RECORDS,
-                 remember_records: int = DEFAULT_REMEMBER_RECORDS) -> None:
+                 remember_records: int = DEFAULT_REMEMBER_RECORDS,
+                 max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> None:
         self.topics = topics or TopicNames()
+        self.max_record_bytes = int(max_record_bytes)
         self.codecs = {self.topics.canonical_rows: ("rows", codec_for(
-            "CanonicalRow", self.topics.canonical_rows, framing, schema_registry_url))}
+            "CanonicalRow", self.topics.canonical_rows, framing, schema_registry_url, self.max_record_bytes))}
         if route_plans:
             self.codecs[self.topics.route_plans] = ("plans", codec_for(
-                "RoutePlan", self.topics.route_plans, framing, schema_registry_url))
+                "RoutePlan", self.topics.route_plans, framing, schema_registry_url, self.max_record_bytes))
         self.group_id = group_id
         self.subscribed = group_id is not None if subscribe is None else subscribe
         if self.subscribed and group_id is None:
@@ -95,9 +111,9 @@ class CanonicalReader:
         self.stream = GroupStream(with_plans=route_plans, device=device, staleness=staleness,
                                   max_pending_records=max_pending_records,
                                   remember_records=remember_records)
-        self.undecodable = 0
-        conf = {**reader_defaults(bootstrap_servers, group_id or f"canonical-reader-{uuid.uuid4().hex}"),
-                **(config or {})}
+        self.stopped: UnreadableRecord | None = None   # set once: every later read raises it
+        conf = {**reader_defaults(bootstrap_servers, group_id or f"canonical-reader-{uuid.uuid4().hex}",
+                                  self.max_record_bytes), **(config or {})}
         self.consumer = Consumer(conf)
         names = list(self.codecs)
         if self.subscribed:
@@ -187,8 +203,12 @@ class CanonicalReader:
         self.stream.weight_version = int(version)
 
     def _fill(self, timeout: float, max_records: int) -> None:
-        """Consume what is available (waiting at most ``timeout``) into the stream."""
-        for msg in take(self.consumer, max_records, timeout):
+        """Consume what is available (waiting at most ``timeout``) into the stream; stop at a
+        record that cannot be read (UnreadableRecord), never past it."""
+        if self.stopped is not None:
+            raise self.stopped
+        messages = take(self.consumer, max_records, timeout)
+        for i, msg in enumerate(messages):
             err = msg.error()
             if err is not None:
                 if err.code() != KafkaError._PARTITION_EOF:
@@ -202,11 +222,31 @@ class CanonicalReader:
             try:
                 record = codec.decode(value)
             except WireError as error:
-                self.undecodable += 1
-                logger.error("undecodable %s record at %s[%d]@%d: %s", kind, topic, partition, offset, error)
-                record = None
+                self._stop(UnreadableRecord(f"{kind} record", topic, partition, offset, error,
+                                            self.max_record_bytes), messages[i:])
             self.stream.offer(kind, (topic, partition), offset, record, value)
-        self.stream.end_batch()
+        unusable = self.stream.end_batch()
+        if unusable is not None:
+            group_id, (topic, partition, offset), error = unusable
+            self._stop(UnreadableRecord(f"group {group_id} (its rows' tensors), first record", topic,
+                                        partition, offset, error, self.max_record_bytes), [])
+
+    def _stop(self, error: UnreadableRecord, unread: list) -> None:
+        """Stop for good at ``error``: the messages not offered yet are fetched again from where
+        they are (so nothing after the record is consumed past either), and every later read
+        raises the same error."""
+        logger.error("canonical reader stopped: %s", error)
+        first: dict[tuple[str, int], int] = {}
+        for msg in unread:
+            if msg.error() is None:
+                first.setdefault((msg.topic(), msg.partition()), msg.offset())
+        for (topic, partition), offset in first.items():
+            try:
+                self.consumer.seek(TopicPartition(topic, partition, offset))
+            except KafkaException as seek_error:   # the error stays sticky regardless
+                logger.warning("seek %s[%d] to %d failed: %s", topic, partition, offset, seek_error)
+        self.stopped = error
+        raise error
 
     def poll(self, timeout: float = 1.0, max_records: int = 500) -> list[TrainingGroup]:
         """Consume what is available (waiting at most ``timeout``); hand out every complete
@@ -272,5 +312,5 @@ class CanonicalReader:
 
 __all__ = [  # the assembly and route-fetch names stay importable from here too
     "CanonicalReader", "DeferredRouteFetcher", "GroupAssembler", "ReadPosition", "Staleness",
-    "TrainingGroup", "route_plan_from_record", "row_from_record",
+    "TrainingGroup", "UnreadableRecord", "route_plan_from_record", "row_from_record",
 ]

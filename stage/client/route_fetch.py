@@ -17,7 +17,7 @@ import torch
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from stage.client.assembly import TrainingGroup, route_plan_from_record
-from stage.client.consuming import codec_for, reader_defaults, take
+from stage.client.consuming import DEFAULT_MAX_RECORD_BYTES, codec_for, reader_defaults, take
 from stage.decode import staged_row
 from stage.routes import (
     ROUTE_MISSING_SENTINEL,
@@ -38,22 +38,25 @@ class DeferredRouteFetcher:
     ``routes(plan)`` always returns an int16 ``[len, L, K]`` tensor: on any failure (fragment
     gone, undecodable, another key at that offset, integrity or shape mismatch) it is all
     ``-1`` and the executor's reason is counted in ``failures``. Fetched rows are cached
-    (``cache_size`` most recent coordinates).
+    (``cache_size`` most recent coordinates). ``max_record_bytes``: the stage's (as for
+    CanonicalReader): the StagedCall decode cap and the fetch limits follow it.
     """
 
     def __init__(self, bootstrap_servers: str, *, dims: tuple[int, int], device="cpu",
                  config: Mapping[str, Any] | None = None, framing: str = "plain",
                  schema_registry_url: str | None = None, timeout: float = 10.0,
-                 cache_size: int = 4096, max_gap: int = 256) -> None:
+                 cache_size: int = 4096, max_gap: int = 256,
+                 max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> None:
         self.dims = (int(dims[0]), int(dims[1]))
         self.device = resolve_device(device)
         self.timeout = timeout
         self.max_gap = max_gap
         self.cache_size = cache_size
         self.cache: OrderedDict[tuple[str, int, int], Any] = OrderedDict()
-        self.codec = codec_for("StagedCall", TopicNames().staged_calls, framing, schema_registry_url)
+        self.codec = codec_for("StagedCall", TopicNames().staged_calls, framing, schema_registry_url,
+                               max_record_bytes)
         # Random access to records known to exist: never let the broker hold a fetch open.
-        conf = {**reader_defaults(bootstrap_servers, f"route-fetcher-{uuid.uuid4().hex}"),
+        conf = {**reader_defaults(bootstrap_servers, f"route-fetcher-{uuid.uuid4().hex}", max_record_bytes),
                 "enable.partition.eof": True, "fetch.wait.max.ms": 10, "auto.offset.reset": "error",
                 **(config or {})}
         self.consumer = Consumer(conf)

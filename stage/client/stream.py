@@ -71,12 +71,17 @@ class GroupStream:
         elif self.assembler.last_done:
             self.tracker.extend(self.assembler.last_group, tp, offset)
 
-    def end_batch(self) -> None:
-        """After a batch of ``offer``s: account for unusable groups, give up stuck ones."""
-        for group_id, offsets, error in self.assembler.unusable:
-            logger.error("group %s is complete but unusable, dropped: %s", group_id, error)
-            self.tracker.finish(group_id, offsets)
-        self.assembler.unusable.clear()
+    def end_batch(self) -> tuple[str, tuple[str, int, int], str] | None:
+        """After a batch of ``offer``s: give up stuck groups; return the first complete group
+        whose rows cannot be built (group id, (topic, partition, its lowest offset), error), or
+        None. Such a group is never handed out nor given up: it keeps holding the position, and
+        the caller stops (CanonicalReader raises UnreadableRecord)."""
+        if self.assembler.unusable:
+            group_id, offsets, error = self.assembler.unusable[0]
+            self.assembler.unusable.clear()
+            (topic, partition), (low, _high) = min(offsets.items(), key=lambda item: item[1][0],
+                                                    default=(("?", -1), (-1, -1)))
+            return group_id, (topic, partition, low), error
         for group_id, pending in list(self.assembler.pending.items()):
             for tp, (low, _) in pending.offsets.items():
                 nxt = self.tracker.next.get(tp)
@@ -89,6 +94,7 @@ class GroupStream:
         self._batches += 1
         if self._batches % _PRUNE_EVERY == 0:
             self.tracker.prune(self.assembler.lowest_pending_offsets())
+        return None
 
     def forget(self, tps) -> None:
         """Partitions revoked from this reader: forget everything read from them."""

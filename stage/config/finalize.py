@@ -38,6 +38,14 @@ class ReassemblyConfig(ConfigModel):
                                               "`cpu`, `cuda`, `cuda:N`, `auto` (CUDA when present)")
     route_plan_schema_version: Annotated[Literal[2, 3], IntChoice] = Field(
         ROUTE_PLAN_SCHEMA_VERSION, description="2 for consumers that only read legacy plans")
+    route_layers: Annotated[bounded_int(ge=1) | None, BeforeValidator(_none_text)] = Field(
+        None, description="direct router replay: the model's MoE layers L (routes are `[tokens, L, K]`); "
+                          "set with `route_topk`. A rollout whose routes have other dims is rejected "
+                          "(`route_assembly:fragment_model_shape`). Null: learned from the first staged "
+                          "routes, and a group that cannot be shaped before then is dropped "
+                          "(`route_dims_unknown`)")
+    route_topk: Annotated[bounded_int(ge=1) | None, BeforeValidator(_none_text)] = Field(
+        None, description="direct router replay: experts per token K (set with `route_layers`)")
 
     @model_validator(mode="after")
     def _deferred_needs_replay(self) -> ReassemblyConfig:
@@ -46,6 +54,18 @@ class ReassemblyConfig(ConfigModel):
             raise conflict("defer_routed_experts_to_policy requires router replay to be enabled "
                            "(set router_replay: true, or defer_routes: false)", "defer_routes", "router_replay")
         return self
+
+    @model_validator(mode="after")
+    def _route_dims_together(self) -> ReassemblyConfig:
+        if (self.route_layers is None) != (self.route_topk is None):
+            raise conflict("route_layers and route_topk are the model's (L, K): set both or neither",
+                           "route_layers", "route_topk")
+        return self
+
+    @property
+    def route_dims(self) -> tuple[int, int] | None:
+        """The configured (L, K), or None (learned from staged routes)."""
+        return None if self.route_layers is None else (self.route_layers, self.route_topk)
 
     @property
     def direct_routes(self) -> bool:

@@ -83,7 +83,11 @@ class StageConfig(ConfigModel):
         0.8, gt=0, lt=1, description="paused partitions resume below this share of a cap")
     max_record_bytes: Int = Field(64 << 20, ge=1, le=MAX_RECORD_BYTES,
                                   description="larger input records are dead-lettered undecoded; fetch "
-                                              "and producer limits follow it")
+                                              "and producer limits follow it, and a canonical row "
+                                              "larger than it is published in `row_part` records. "
+                                              "Give the trainer's readers the same value "
+                                              "(`CanonicalReader(max_record_bytes=...)`, "
+                                              "`DeferredRouteFetcher(max_record_bytes=...)`)")
     publish_batch_groups: Int = Field(64, ge=1, description="groups per transaction at most")
     publish_linger_ms: Int = Field(20, ge=0, description="wait this long for more finished groups "
                                                           "before a transaction")

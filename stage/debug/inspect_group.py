@@ -109,7 +109,8 @@ class GroupInspector:
             if value is not None:
                 row.update({k: value[k] for k in (
                     "row_index", "sample_id", "rollout_id", "valid", "rejection_reason", "input_lengths",
-                    "weight_version", "group_max_wv", "total_reward", "sample_mask", "truncated")})
+                    "weight_version", "group_max_wv", "total_reward", "sample_mask", "truncated")},
+                           part=value.get("row_part"))   # a row over max_record_bytes: one of its parts
             out.append(row)
         return sorted(out, key=lambda r: (r.get("row_index", -1), r["at"]["offset"]))
 

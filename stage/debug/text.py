@@ -40,7 +40,8 @@ def format_report(report: dict) -> list[str]:
         status = "valid   " if r["valid"] else "REJECTED"
         reason = f"  {r['rejection_reason']}" if r["rejection_reason"] else ""
         tokens = f"{r['input_lengths']} token" + ("" if r["input_lengths"] == 1 else "s")
-        lines.append(f"  row {r['row_index']}  {status} {r['rollout_id']}  {tokens}  "
+        part = f" (part {r['part']['index'] + 1} of {r['part']['count']})" if r.get("part") else ""
+        lines.append(f"  row {r['row_index']}{part}  {status} {r['rollout_id']}  {tokens}  "
                      f"reward {r['total_reward']:g}  at {_at(r['at'])}{reason}")
     for plan in report["route_plans"]:
         frags = ", ".join(f"{f['staging_key']} -> {f['topic']}[{f['partition']}]@{f['offset']}"

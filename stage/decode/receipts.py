@@ -5,10 +5,12 @@ not a dead letter."""
 from __future__ import annotations
 
 import math
+import sys
 
 from stage.buffer import Position, ReceiptItem
 from stage.decode.errors import DecodeError
 from stage.decode.limits import InputLimits
+from stage.finalize.rollout import fits_float32
 
 
 def _identifier(value, field: str, limits: InputLimits) -> str:
@@ -47,6 +49,12 @@ def _result_stats(stats: list, limits: InputLimits) -> tuple[tuple[str, float, i
         seen[name] = i
         if not math.isfinite(stat["sum"]):
             raise DecodeError(f"must be finite, got {stat['sum']!r}", field=f"result_stats[{i}].sum")
+        # the group sums up to max_group_size of these: bounded so that the sum stays finite
+        bound = sys.float_info.max / limits.max_group_size
+        if abs(stat["sum"]) > bound:
+            raise DecodeError(f"must be at most {bound:.3g} in magnitude (a group of up to "
+                              f"{limits.max_group_size} receipts sums it), got {stat['sum']!r}",
+                              field=f"result_stats[{i}].sum")
         if stat["count"] < 0:
             raise DecodeError(f"must be >= 0, got {stat['count']!r}", field=f"result_stats[{i}].count")
     return tuple((s["field"], float(s["sum"]), int(s["count"])) for s in stats)
@@ -62,8 +70,10 @@ def receipt_item(record: dict, position: Position, nbytes: int,
     if not isinstance(index, int) or not 0 <= index < size:
         raise DecodeError(f"must be in 0..{size - 1}, got {index!r}", field="rollout_index")
     for name in ("reward", "loss_multiplier"):
-        if not math.isfinite(record.get(name, 0.0)):
-            raise DecodeError("must be finite", field=name)
+        value = record.get(name, 0.0)
+        if not fits_float32(value):
+            raise DecodeError(f"must be finite and within float32 range (|x| <= 3.4028235e38, the "
+                              f"published width), got {value!r}", field=name)
     receipt = record.get("receipt")
     if receipt is not None:
         manifest = receipt.get("manifest", [])

@@ -8,6 +8,8 @@ as a failed staged-row read does in NeMo RL.
 
 from __future__ import annotations
 
+import operator
+
 import numpy as np
 
 from stage.buffer import Position, StagedItem
@@ -17,7 +19,7 @@ from stage.decode.limits import InputLimits
 from stage.decode.receipts import _identifier
 from stage.finalize import StagedMedia, StagedRow, TopK
 from stage.routes import ROUTE_ENCODING_ENVELOPE, ROUTE_ENCODING_LIST, ROUTE_ENCODING_NONE
-from stage.wire import unpack_tensor
+from stage.wire import schema, unpack_tensor
 
 _TOKEN_DTYPES = ("uint32", "uint64", "int32", "int64")
 _FLOAT_DTYPES = ("float32", "float64")
@@ -36,7 +38,26 @@ def staged_item(record: dict, position: Position, nbytes: int,
     if not isinstance(delta, int) or not 0 < delta <= limits.max_delta_tokens:
         raise DecodeError(f"must be in 1..{limits.max_delta_tokens}, got {delta!r}", field="delta_len")
     return StagedItem(group_id=group_id, staging_key=key, payload=record, position=position,
-                      nbytes=nbytes)
+                      nbytes=nbytes, fingerprint=staged_fingerprint(record))
+
+
+# Tensor columns a digest the record carries stands for (``digest``: the token columns,
+# ``extras_digest``: the routes): a second copy is compared through the digests, not byte by byte.
+_DIGESTED_COLUMNS = frozenset(("token_ids_delta", "token_mask_delta", "generation_log_probs_delta",
+                               "routed_experts", "routed_experts_boundary"))
+FINGERPRINT_FIELDS = tuple(f["name"] for f in schema("StagedCall")["fields"]
+                           if f["name"] not in _DIGESTED_COLUMNS)
+_fingerprint_values = operator.itemgetter(*FINGERPRINT_FIELDS)
+
+
+def staged_fingerprint(record: dict) -> tuple:
+    """(field names, values) of every StagedCall field but the digested columns: references,
+    no copy (media and top-k, which no digest covers, are compared by value if a copy ever
+    arrives). One C-level itemgetter: this runs for every staged record at intake."""
+    try:
+        return FINGERPRINT_FIELDS, _fingerprint_values(record)
+    except KeyError:   # a hand-built record without its defaulted fields
+        return FINGERPRINT_FIELDS, tuple(record.get(name) for name in FINGERPRINT_FIELDS)
 
 
 def _column(record: dict, name: str, dtypes, length: int) -> np.ndarray:

@@ -282,10 +282,11 @@ class Demo:
             stage = _StageThread.started(cfg)
             reader = _ReaderThread(CanonicalReader(
                 bootstrap, topics=topics, route_plans=deferred, device=opts.device,
-                config=self.client)).start()
+                config=self.client, max_record_bytes=cfg.max_record_bytes)).start()
             if deferred:
                 fetcher = DeferredRouteFetcher(bootstrap, dims=workload.config.routes,
-                                               device=opts.device, config=self.client)
+                                               device=opts.device, config=self.client,
+                                               max_record_bytes=cfg.max_record_bytes)
             producer = StagingProducer(bootstrap, topics=topics)
             # librdkafka starts fetching a newly assigned partition only after resolving its
             # start offset (about a second on Tansu): let that pass so latencies are the

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -19,8 +20,9 @@ from stage.finalize import reasons as R
 from stage.finalize.labels import group_label_stats
 from stage.finalize.group_media import group_media_rows, media_tensors, pad_group_media
 from stage.finalize.receipt_facts import group_receipt_metrics
-from stage.finalize.rollout import FinalizedRollout, RolloutFinalizer
+from stage.finalize.rollout import FinalizedRollout, RolloutFinalizer, _reject, fits_float32
 from stage.routes import (
+    ROUTE_FAILURE_MODEL_SHAPE,
     RouteAssemblyPlan,
     build_group_route_tensor,
     encoded_route_plan_size_bytes,
@@ -90,12 +92,21 @@ class FinalizedGroup:
     rejections: list = field(default_factory=list)
 
 
+def _demote(row: FinalizedRollout, reason: str) -> FinalizedRollout:
+    """A verified rollout rejected for a group-level reason: its keys, facts and timings kept."""
+    return _reject(row.rollout_id, row.reward, reason, row.staging_keys, facts=row.facts,
+                   timings_ms=row.timings_ms)
+
+
 class GroupFinalizer(RolloutFinalizer):
     """finalize_rollout for each member, then the group's rows, metrics and routes."""
 
     def finalize_group(self, group_id: str, rollout_ids, receipts, rewards, *, mask_sample,
                        fallback_weight_version: int, prompt_idx: int, loss_multiplier: float = 1.0,
-                       canonical_sample_ids=None, group_labels=(), result_stats=()) -> FinalizedGroup:
+                       canonical_sample_ids=None, group_labels=(), result_stats=(),
+                       rejected: Mapping[int, str] | None = None) -> FinalizedGroup:
+        """``rejected``: row index -> reason, rollouts the caller rejects without finalizing
+        them (the stage's rows whose records could not be published; no staging keys)."""
         n = len(rollout_ids)
         if not (len(receipts) == n and len(rewards) == n and len(mask_sample) == n):
             raise ValueError("rollout_ids, receipts, rewards, and mask_sample must be parallel")
@@ -104,8 +115,15 @@ class GroupFinalizer(RolloutFinalizer):
         cfg = self.config
         metrics: dict[str, float] = {}
         t0 = time.perf_counter()
-        rows = [self.finalize_rollout(rid, receipt, reward=float(reward))
-                for rid, receipt, reward in zip(rollout_ids, receipts, rewards)]
+        rejected = rejected or {}
+        rows = [_reject(rid, float(reward) if fits_float32(float(reward)) else 0.0, rejected[i])
+                if i in rejected else self.finalize_rollout(rid, receipt, reward=float(reward))
+                for i, (rid, receipt, reward) in enumerate(zip(rollout_ids, receipts, rewards))]
+        if not fits_float32(loss_multiplier):   # every valid row would publish it as sample_mask
+            rows = [_demote(row, R.reason(R.NON_FINITE_VALUE, "sample_mask")) if row.valid else row
+                    for row in rows]
+        if cfg.direct_routes:
+            rows = self._settle_route_dims(rows)
         metrics["row_assembly/rollouts_ms"] = (time.perf_counter() - t0) * 1e3
         for part in ("verify", "routes"):  # the per-rollout split of rollouts_ms
             metrics[f"row_assembly/{part}_ms"] = sum(r.timings_ms.get(part, 0.0) for r in rows)
@@ -155,6 +173,24 @@ class GroupFinalizer(RolloutFinalizer):
             cleanup_staging_keys=all_keys, canonical_output_tokens=output_tokens,
             metrics=metrics, valid_row_count=len(valid_rows), total_row_count=n,
             routed_experts=group_routes, rejections=rejections)
+
+    def _settle_route_dims(self, rows: list[FinalizedRollout]) -> list[FinalizedRollout]:
+        """Direct mode: the group's route tensor has one (L, K): the configured dims, else the
+        first valid row's routes', else those learned by an earlier group. A valid row whose
+        routes have other dims is rejected (NeMo RL raises), and so is every valid row while
+        the dims are still unknown (NeMo RL raises for a valid row without routes then)."""
+        dims = self.config.route_dims or next(
+            (tuple(r.routed_experts.shape[1:]) for r in rows if r.valid and r.routed_experts is not None),
+            None) or self.dims_cache.dims
+        out = []
+        for row in rows:
+            reason = None
+            if row.valid and dims is None:
+                reason = R.ROUTE_DIMS_UNKNOWN
+            elif row.valid and row.routed_experts is not None and tuple(row.routed_experts.shape[1:]) != tuple(dims):
+                reason = R.reason(R.ROUTE_ASSEMBLY, ROUTE_FAILURE_MODEL_SHAPE)
+            out.append(row if reason is None else _demote(row, reason))
+        return out
 
     # -- metrics -----------------------------------------------------------------------------
     @staticmethod

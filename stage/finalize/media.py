@@ -83,6 +83,16 @@ def validate_media(media: StagedMedia, patch_size: int) -> None:
             raise ValueError(f"media num_frames sum to {int(frames.sum())}, expected {sizes.shape[0]}")
 
 
+_BF16_EXPONENT = 0x7F80   # all ones: inf or NaN
+
+
+def pixels_finite(media: StagedMedia) -> bool:
+    """No NaN or infinite pixel (bfloat16 checked on its bit patterns)."""
+    if media.bfloat16:
+        return not ((media.imgs & _BF16_EXPONENT) == _BF16_EXPONENT).any()
+    return bool(np.isfinite(media.imgs).all())
+
+
 def concat_media(parts: list[StagedMedia]) -> StagedMedia:
     """Concatenate the chain's media in chain order (NeMo RL ``_concat_media``)."""
     if not parts:

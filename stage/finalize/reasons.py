@@ -38,12 +38,40 @@ from stage.routes.constants import (  # noqa: E402
 )
 # Not NeMo RL's: a verified token id that int64 training tensors cannot hold.
 TOKEN_ID_RANGE = "token id exceeds int64 range"
+# Not NeMo RL's (it raises RuntimeError, and the stage would halt): direct router replay, a
+# valid row without routes while (L, K) is neither configured (finalize.route_layers /
+# route_topk) nor learned yet, so its sentinel route tensor cannot be shaped.
+ROUTE_DIMS_UNKNOWN = "route_dims_unknown"
+# Not NeMo RL's: a float the row would publish is NaN or infinite (or beyond float32, the
+# published width). Detail: the published column (generation_topk_logprobs, pixel_values,
+# total_reward, sample_mask). Token log-probs and masks never get here: the contract refuses
+# non-finite values when it builds the staged snapshot.
+NON_FINITE_VALUE = "non_finite_value"
+
+# Not NeMo RL's: the stage's liveness reasons (stage.finalize.failures says why none halts).
+# A rollout's finalization raised what no guard names (an input the guards did not foresee):
+FINALIZE_ERROR = "finalize_error"                    # :<exception type>: <message>
+# The group's own step raised (tensorization, group routes or media): every row rejected.
+GROUP_FINALIZE_ERROR = "group_finalize_error"        # :<exception type>: <message>
+# A record of the row cannot be encoded: its RoutePlan over the output codec's
+# max_record_bytes, or a CanonicalRow too large even split into parts (docs/schemas.md).
+UNPUBLISHABLE_RECORD = "unpublishable_record"        # :<record>: <why>
 
 UNKNOWN_BUCKET = "unknown"
+# A reason is published in its row and in the group summary, N times: its detail (input text,
+# such as a receipt's failure_reason, or an error message quoting it) is cut to this length.
+MAX_REASON_CHARS = 1024
 
 
 def reason(prefix: str, detail) -> str:
     return f"{prefix}:{detail}"
+
+
+def bounded(text: str) -> str:
+    """``text`` cut to MAX_REASON_CHARS, saying how much was cut."""
+    if len(text) <= MAX_REASON_CHARS:
+        return text
+    return f"{text[:MAX_REASON_CHARS - 32]}...(+{len(text) - MAX_REASON_CHARS + 32} chars)"
 
 
 def bucket_of(rejection_reason: str | None) -> str:

@@ -7,6 +7,8 @@ reward and the staging keys known so far.
 
 from __future__ import annotations
 
+import logging
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -21,8 +23,9 @@ from stage.contract import (
 )
 from stage.finalize import reasons as R
 from stage.config.finalize import ReassemblyConfig
+from stage.finalize.failures import halt_cause
 from stage.contract.records import parse_json_text
-from stage.finalize.media import StagedMedia, concat_media, validate_media
+from stage.finalize.media import StagedMedia, concat_media, pixels_finite, validate_media
 from stage.finalize.receipt_facts import ReceiptFacts, facts_of_raw, facts_of_receipt
 from stage.finalize.source import FetchedStagedCall, TokenSource
 from stage.routes import (
@@ -34,6 +37,7 @@ from stage.routes import (
 )
 
 _INT64_MAX = np.iinfo(np.int64).max
+logger = logging.getLogger(__name__)
 
 
 @dataclass(eq=False)
@@ -59,9 +63,24 @@ class FinalizedRollout:
     timings_ms: dict = field(default_factory=dict)  # verify (fetch + verify), routes
 
 
+def fits_float32(value: float) -> bool:
+    """Finite, and finite once rounded to float32: the published width of total_reward and
+    sample_mask (Avro floats), so 1e308 is as unpublishable as inf."""
+    with np.errstate(over="ignore"):
+        return math.isfinite(value) and bool(np.isfinite(np.float32(value)))
+
+
+class ConfiguredRouteDims(RouteDimsCache):
+    """The model's (L, K) from the configuration: staged routes are checked against it, never
+    learned from (a producer's routes with other dims reject their own rollout)."""
+
+    def learn(self, routes: torch.Tensor) -> None:
+        pass
+
+
 def _reject(rollout_id: str, reward: float, reason: str, keys=(), **extra) -> FinalizedRollout:
     return FinalizedRollout(rollout_id=rollout_id, valid=False, reward=reward,
-                            rejection_reason=reason, staging_keys=list(keys), **extra)
+                            rejection_reason=R.bounded(reason), staging_keys=list(keys), **extra)
 
 
 def _unique_in_order(items) -> list:
@@ -75,13 +94,31 @@ class RolloutFinalizer:
                  dims_cache: RouteDimsCache | None = None) -> None:
         self.source = source
         self.config = config or ReassemblyConfig()
-        self.dims_cache = dims_cache or RouteDimsCache()
+        dims = self.config.route_dims
+        self.dims_cache = (ConfiguredRouteDims(dims) if dims is not None
+                           else dims_cache if dims_cache is not None else RouteDimsCache())
         # True when the source builds every snapshot through validation (both in-tree sources
         # do); verify_and_linearize then skips recomputing the call digests.
         self.source_validates = bool(getattr(source, "validates_snapshots", False))
 
     def finalize_rollout(self, rollout_id: str, receipt, *, reward: float) -> FinalizedRollout:
+        """One verified row or a rejection; never raises for anything in the rollout's input.
+        An exception no guard names rejects this rollout alone (``finalize_error``); only the
+        causes ``stage.finalize.failures`` lists (device, host memory) propagate."""
+        try:
+            return self._finalize_rollout(rollout_id, receipt, reward=reward)
+        except Exception as error:  # noqa: BLE001 - classified right here
+            if halt_cause(error) is not None:
+                raise
+            logger.error("finalize: rollout %s raised %s; rejected (%s)", rollout_id,
+                         type(error).__name__, R.FINALIZE_ERROR, exc_info=True)
+            return _reject(rollout_id, reward if fits_float32(reward) else 0.0,
+                           R.reason(R.FINALIZE_ERROR, f"{type(error).__name__}: {error}"))
+
+    def _finalize_rollout(self, rollout_id: str, receipt, *, reward: float) -> FinalizedRollout:
         cfg = self.config
+        if not fits_float32(reward):   # the stage's decoder refuses these; library callers may not
+            return _reject(rollout_id, 0.0, R.reason(R.NON_FINITE_VALUE, "total_reward"))
         if receipt is None:
             return _reject(rollout_id, reward, R.MISSING_RECEIPT)
         raw = None
@@ -170,6 +207,8 @@ class RolloutFinalizer:
                 validate_media(part, self.config.media_patch_size)
         except (KeyError, TypeError, ValueError) as error:
             return R.reason(R.INVALID_MEDIA_COLUMNS, error)
+        if not all(pixels_finite(part) for part in parts):
+            return R.reason(R.NON_FINITE_VALUE, "pixel_values")
         try:
             out.media = concat_media(parts)
         except (TypeError, ValueError) as error:
@@ -186,6 +225,8 @@ class RolloutFinalizer:
             if (topk is None or tuple(topk.ids.shape) != (gen, k)
                     or tuple(topk.logprobs.shape) != (gen, k)):
                 return R.reason(R.TOPK_LENGTH_MISMATCH, call_id)
+            if not np.isfinite(topk.logprobs).all():   # no digest binds these: check them here
+                return R.reason(R.NON_FINITE_VALUE, "generation_topk_logprobs")
             ids[span.start + carry:span.end] = topk.ids
             lps[span.start + carry:span.end] = topk.logprobs
         out.topk_ids, out.topk_logprobs = ids, lps

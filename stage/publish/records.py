@@ -1,16 +1,18 @@
 """A FinalizedGroup -> the Avro records it publishes (rows, plans, summary, ledger entry).
 
-Pure functions: the publisher decides where and how they are produced.
+Pure functions: the publisher decides where and how they are produced. ``encode_row`` splits
+a row larger than the codec's max_record_bytes into ``row_part`` records (docs/schemas.md).
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass
 
 from stage.buffer import Position
 from stage.finalize import CanonicalRow, FinalizedGroup
-from stage.wire import pack_tensor
+from stage.wire import WireError, pack_tensor
 
 COMPLETE, DEADLINE, DROPPED = "complete", "deadline", "dropped"
 
@@ -50,7 +52,68 @@ def row_record(row: CanonicalRow) -> dict:
         "pixel_values": optional(media.get("pixel_values")),
         "imgs_sizes": optional(media.get("imgs_sizes")),
         "num_frames": optional(media.get("num_frames")),
+        "row_part": None,   # the whole row; encode_row splits one over the record cap
     }
+
+
+# Every PackedTensor field of CanonicalRow: a split row slices each along dimension 0.
+ROW_TENSOR_FIELDS = ("input_ids", "generation_logprobs", "token_mask", "prompt_ids_for_adv",
+                     "routed_experts", "generation_topk_ids", "generation_topk_logprobs",
+                     "pixel_values", "imgs_sizes", "num_frames")
+# Parts of one row at most (64 MiB parts: 256 GiB, far past any rollout a group buffers).
+MAX_ROW_PARTS = 4096
+_VARINT_SLACK = 10   # the most a length or count prefix can grow by
+
+
+class RowTooLarge(ValueError):
+    """A row that cannot be published even split into parts."""
+
+
+def _slice(tensor: dict, start: int, stop: int) -> dict:
+    """Rows start:stop along dimension 0 of a packed tensor (C order: a byte range)."""
+    shape = list(tensor["shape"])
+    row_bytes = len(tensor["data"]) // shape[0] if shape[0] else 0
+    return {"dtype": tensor["dtype"], "shape": [stop - start, *shape[1:]],
+            "data": tensor["data"][start * row_bytes:stop * row_bytes]}
+
+
+def encode_row(row: CanonicalRow, codec) -> list[bytes]:
+    """The row's CanonicalRow record, or its ``row_part`` records when one record would be over
+    ``codec.max_record_bytes``: as few parts as fit, each tensor field sliced evenly along
+    dimension 0. Raises RowTooLarge when even that cannot fit (MAX_ROW_PARTS, or a cap below
+    the row's fixed fields); other WireErrors propagate."""
+    record = row_record(row)
+    cap = codec.max_record_bytes
+    tensors = {name: record[name] for name in ROW_TENSOR_FIELDS if record[name] is not None}
+    payload = sum(len(t["data"]) for t in tensors.values())
+    if payload <= cap:           # may fit: over the cap only when its other fields push it over
+        try:
+            return [codec.encode(record)]
+        except WireError:
+            pass                 # over the cap after all: split below (or fail there)
+    empty = {**record, **{name: _slice(t, 0, 0) for name, t in tensors.items()},
+             "row_part": {"index": 0, "count": 1}}
+    try:
+        frame = len(codec.encode(empty))
+    except WireError as error:
+        raise RowTooLarge(f"its fields without tensor data cannot be encoded: {error}") from None
+    widest = sum(len(t["data"]) // t["shape"][0] for t in tensors.values() if t["shape"][0])
+    room = cap - frame - widest - 2 * _VARINT_SLACK * (len(tensors) + 1)
+    if room <= 0:
+        raise RowTooLarge(f"{frame + widest} bytes of fixed fields and one row of each tensor, "
+                          f"max_record_bytes={cap}")
+    count = max(2, math.ceil(payload / room))
+    if count > MAX_ROW_PARTS:
+        raise RowTooLarge(f"{payload} tensor bytes need {count} parts of max_record_bytes={cap}, "
+                          f"more than {MAX_ROW_PARTS}")
+    parts = []
+    for index in range(count):
+        part = {**record, "row_part": {"index": index, "count": count}}
+        for name, tensor in tensors.items():
+            n = tensor["shape"][0]
+            part[name] = _slice(tensor, n * index // count, n * (index + 1) // count)
+        parts.append(codec.encode(part))
+    return parts
 
 
 def plan_record(row: CanonicalRow, staged_positions: dict) -> dict:
@@ -73,17 +136,40 @@ def plan_record(row: CanonicalRow, staged_positions: dict) -> dict:
             "expected_token_length": plan.expected_token_length}
 
 
-def summary_record(group: FinalizedGroup, ctx: GroupContext, finalized_at_ms: int) -> dict:
+# GroupSummary metrics the stage adds (not NeMo RL's): what a compacted summary left out.
+STAGING_KEYS_OMITTED = "finalize/staging_keys_omitted"
+REJECTION_DETAILS_OMITTED = "finalize/rejection_details_omitted"
+NON_FINITE_METRICS_DROPPED = "finalize/non_finite_metrics_dropped"
+SUMMARY_COMPACTIONS = 3   # compact=0 (full), 1, 2: see summary_record
+
+
+def summary_record(group: FinalizedGroup, ctx: GroupContext, finalized_at_ms: int, *,
+                   compact: int = 0) -> dict:
+    """The GroupSummary. Every metric is finite: a non-finite one is left out and counted
+    (NON_FINITE_METRICS_DROPPED). ``compact`` for a summary over the record cap (the sizes
+    come from the input: N receipts' manifests and ids): 1 leaves out ``staging_keys``
+    (counted in STAGING_KEYS_OMITTED), 2 also cuts each rejection to its reason's bucket and
+    leaves out its rollout_id (the rows carry both)."""
+    metrics = {k: float(v) for k, v in group.metrics.items() if math.isfinite(v)}
+    if len(metrics) < len(group.metrics):
+        metrics[NON_FINITE_METRICS_DROPPED] = float(len(group.metrics) - len(metrics))
+    staging_keys = list(group.cleanup_staging_keys)
+    rejections = [{"row_index": index, "rollout_id": rollout_id, "reason": reason}
+                  for index, rollout_id, reason in group.rejections]
+    if compact >= 1:
+        metrics[STAGING_KEYS_OMITTED] = float(len(staging_keys))
+        staging_keys = []
+    if compact >= 2:
+        metrics[REJECTION_DETAILS_OMITTED] = 1.0
+        rejections = [{"row_index": r["row_index"], "rollout_id": "",
+                       "reason": r["reason"].split(":", 1)[0]} for r in rejections]
     return {
         "group_id": ctx.group_id, "group_size": ctx.group_size, "prompt_idx": ctx.prompt_idx,
         "outcome": DROPPED if group.dropped else ctx.outcome,
         "valid_rows": group.valid_row_count, "total_rows": group.total_row_count,
         "group_min_wv": group.group_min_wv, "group_max_wv": group.group_max_wv,
         "drop_reason": group.drop_reason, "canonical_output_tokens": group.canonical_output_tokens,
-        "rejections": [{"row_index": index, "rollout_id": rollout_id, "reason": reason}
-                       for index, rollout_id, reason in group.rejections],
-        "staging_keys": list(group.cleanup_staging_keys),
-        "metrics": {k: float(v) for k, v in group.metrics.items()},
+        "rejections": rejections, "staging_keys": staging_keys, "metrics": metrics,
         "first_input_timestamp_ms": ctx.first_timestamp_ms,
         "last_input_timestamp_ms": ctx.last_timestamp_ms, "finalized_at_ms": finalized_at_ms,
     }

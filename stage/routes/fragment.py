@@ -8,10 +8,12 @@ receipt's ``extras_digest``.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from stage.contract import EXTRAS_DIGEST_VERSION, compute_extras_digest, encode_routed_experts
@@ -24,6 +26,15 @@ from stage.routes.constants import (
 )
 
 _ENVELOPE_DTYPES = {torch.int8: "int8", torch.int16: "int16", torch.int32: "int32"}
+# Deepest nesting of arrays/objects staged metadata may have. The call digest does not cover
+# this text, so a producer can stage any JSON here: json.loads raises RecursionError near 1,000
+# levels, and everything that walks the parsed value afterwards (the extras digest) recurses
+# too. Real extras are a few levels deep.
+MAX_METADATA_DEPTH = 64
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+_OPEN = np.zeros(256, dtype=np.int8)
+_OPEN[[ord("["), ord("{")]] = 1
+_OPEN[[ord("]"), ord("}")]] = -1
 
 
 @dataclass(frozen=True, eq=False)  # eq=False: tensor fields have no boolean equality
@@ -51,11 +62,25 @@ def encode_extras_metadata_json(extras: Mapping[str, Any] | None) -> bytes:
     )
 
 
+def json_nesting_depth(text: bytes) -> int:
+    """How deep arrays and objects nest in JSON ``text`` (brackets inside strings ignored).
+    Vectorised, so a long flat text costs no Python loop; an upper bound on malformed text."""
+    bare = _JSON_STRING.sub(b'""', text)
+    steps = _OPEN[np.frombuffer(bare, dtype=np.uint8)]
+    return int(np.cumsum(steps, dtype=np.int64).max(initial=0))
+
+
 def parse_extras_metadata(raw: bytes | bytearray | memoryview) -> dict[str, Any]:
-    """Staged metadata as a dict (``null`` -> ``{}``); ValueError/TypeError if malformed."""
+    """Staged metadata as a dict (``null`` -> ``{}``); ValueError/TypeError if malformed,
+    nested deeper than ``MAX_METADATA_DEPTH`` included (checked before parsing)."""
     if not isinstance(raw, (bytes, bytearray, memoryview)):
         raise TypeError(f"extras_metadata_json must be bytes, got {type(raw).__name__}")
-    value = json.loads(bytes(raw).decode("utf-8"))
+    text = bytes(raw)
+    # fewer brackets than the bound cannot nest past it: the scan runs only when they could
+    if text.count(b"[") + text.count(b"{") > MAX_METADATA_DEPTH and \
+            (depth := json_nesting_depth(text)) > MAX_METADATA_DEPTH:
+        raise ValueError(f"extras_metadata_json nests {depth} levels deep, more than {MAX_METADATA_DEPTH}")
+    value = json.loads(text.decode("utf-8"))
     if value is None:
         return {}
     if not isinstance(value, dict):

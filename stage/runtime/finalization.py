@@ -92,9 +92,10 @@ class Finalization:
         self.collect()
 
     def _halt(self, state, out) -> None:
-        """A group failed in finalization for a reason that fails every group (device, route
-        dims, encoding): stop this partition here. The group stays unpublished and holds the
-        committed offset, so a restart (after the cause is fixed) finalizes it again."""
+        """A group failed in finalization for a cause that fails every group (one of
+        stage.finalize.failures.HALT_CAUSES: device, host memory, unpublishable): stop this
+        partition here. The group stays unpublished and holds the committed offset, so a
+        restart (after the cause is fixed) finalizes it again."""
         self.stats.inc("finalize_errors")
         if state.halted is None:
             state.halted = f"group {out.group_id}: {out.error}"

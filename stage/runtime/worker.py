@@ -1,8 +1,13 @@
-"""One finalization task: a taken group -> encoded output records (runs in a worker thread)."""
+"""One finalization task: a taken group -> encoded output records (runs in a worker thread).
+
+Which failures halt a partition is decided in one place, ``stage.finalize.failures``; this
+module turns every other failure into rejections (``finalize_and_encode``)."""
 
 from __future__ import annotations
 
+import functools
 import logging
+import math
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -10,17 +15,22 @@ from dataclasses import dataclass, field
 from stage.buffer import DEADLINE, GroupState
 from stage.decode import InputLimits
 from stage.finalize import GroupFinalizer, ReassemblyConfig
+from stage.finalize import reasons as R
+from stage.finalize.failures import UNPUBLISHABLE, HaltCause, halt_cause
 from stage.publish.records import (
     DROPPED,
+    SUMMARY_COMPACTIONS,
     GroupContext,
+    RowTooLarge,
+    encode_row,
     ledger_record,
     output_digest,
     plan_record,
-    row_record,
     summary_record,
 )
 from stage.routes import RouteDimsCache
 from stage.runtime.source import BufferTokenSource
+from stage.wire import WireError
 
 logger = logging.getLogger(__name__)
 
@@ -56,27 +66,46 @@ def context_of(group: GroupState, why: str, topics) -> GroupContext:
 def finalize_and_encode(group: GroupState, why: str, epoch: int, *, config: ReassemblyConfig,
                         dims_cache: RouteDimsCache, codecs, topics, limits: InputLimits,
                         now_ms) -> Outputs:
-    """Never raises. A group that cannot be finalized or encoded (a device error, route dims
-    the rows disagree on, a row over the record size cap) comes back with ``error`` set and no
-    records: such a failure would repeat for every group, so the runtime halts the partition
-    instead of publishing the group as dropped and committing past it."""
+    """Never raises. What the group's input can cause becomes rejections: a rollout's own
+    problems inside the finalizer; here, records too large to publish (a row is split into
+    parts first) and anything the group step raises (``group_finalize_error`` on every row:
+    N placeholder rows are still published). Only the causes ``stage.finalize.failures`` lists
+    (device, host memory, a group not even publishable as placeholders) come back with
+    ``error`` set and no records: they would fail every group, so the runtime halts the
+    partition instead of publishing placeholders and committing past them."""
     ctx = context_of(group, why, topics)
     out = Outputs(group.partition, group.group_id, epoch, ctx)
     started = time.perf_counter()
+    run = functools.partial(_finalize_into, out, group, why, config=config, dims_cache=dims_cache,
+                            codecs=codecs, topics=topics, limits=limits, now_ms=now_ms)
     try:
-        _finalize_into(out, group, why, config=config, dims_cache=dims_cache, codecs=codecs,
-                       topics=topics, limits=limits, now_ms=now_ms)
-    except Exception as error:  # noqa: BLE001 - reported to the runtime, which halts the partition
-        logger.error("group %s could not be finalized: %s", group.group_id, traceback.format_exc())
-        out.error = f"finalize_error: {type(error).__name__}: {error}"
-        out.records, out.ledger_value = [], b""
+        run(rejected={})
+    except Exception as error:  # noqa: BLE001 - classified: halt, or every row rejected
+        cause = halt_cause(error)
+        if cause is not None:
+            _halt(out, cause, error)
+        else:
+            logger.error("group %s: finalization raised; every row rejected (%s): %s", group.group_id,
+                         R.GROUP_FINALIZE_ERROR, traceback.format_exc())
+            reason = R.reason(R.GROUP_FINALIZE_ERROR, f"{type(error).__name__}: {error}")
+            try:
+                run(rejected={i: reason for i in range(group.group_size)})
+            except Exception as again:  # noqa: BLE001 - not even placeholders: the stage's fault
+                _halt(out, halt_cause(again) or UNPUBLISHABLE, again)
     out.finalize_s = time.perf_counter() - started
     out.ready_at = time.monotonic()
     return out
 
 
+def _halt(out: Outputs, cause: HaltCause, error: Exception) -> None:
+    logger.error("group %s could not be finalized (halt cause %s: %s): %s", out.group_id, cause.name,
+                 cause.action, "".join(traceback.format_exception(error)))
+    out.error = f"finalize_error: {cause.name}: {type(error).__name__}: {error}"
+    out.records, out.ledger_value = [], b""
+
+
 def _finalize_into(out: Outputs, group: GroupState, why: str, *, config, dims_cache, codecs,
-                   topics, limits, now_ms) -> None:
+                   topics, limits, now_ms, rejected: dict) -> None:
     ctx = out.context
     n = group.group_size
     receipts = [group.receipts.get(i) for i in range(n)]
@@ -84,21 +113,31 @@ def _finalize_into(out: Outputs, group: GroupState, why: str, *, config, dims_ca
     rollout_ids = [r.rollout_id if r else f"{group.group_id}_g{i}" for i, r in enumerate(receipts)]
     source = BufferTokenSource(group.staged, partition_name=topics.staged_calls, limits=limits)
     finalizer = GroupFinalizer(source, config, dims_cache)
-    result = finalizer.finalize_group(
-        group.group_id, rollout_ids, [r.receipt if r else None for r in receipts],
-        [r.reward if r else 0.0 for r in receipts],
-        mask_sample=[r.mask_sample if r else False for r in receipts],
-        fallback_weight_version=fields.fallback_weight_version, prompt_idx=fields.prompt_idx,
-        loss_multiplier=fields.loss_multiplier, group_labels=fields.labels,
-        result_stats=group.result_stats())
-    encoded_rows = [codecs["CanonicalRow"].encode(row_record(row)) for row in result.rows]
+
+    def finalize(rejected):
+        return finalizer.finalize_group(
+            group.group_id, rollout_ids, [r.receipt if r else None for r in receipts],
+            [r.reward if r else 0.0 for r in receipts],
+            mask_sample=[r.mask_sample if r else False for r in receipts],
+            fallback_weight_version=fields.fallback_weight_version, prompt_idx=fields.prompt_idx,
+            loss_multiplier=fields.loss_multiplier, group_labels=fields.labels,
+            result_stats=group.result_stats(), rejected=rejected)
+
+    result = finalize(rejected)
+    rows, plans, unpublishable = _encode_rows(result, config, codecs, ctx)
+    if unpublishable:   # once: as placeholders those rows' records are a few hundred bytes
+        logger.warning("group %s: rows %s rejected, their records cannot be published: %s",
+                       group.group_id, sorted(unpublishable), unpublishable)
+        result = finalize({**rejected, **unpublishable})
+        rows, plans, unpublishable = _encode_rows(result, config, codecs, ctx)
+        if unpublishable:
+            raise RowTooLarge(f"placeholder records cannot be published: {unpublishable}")
+    encoded_rows = [blob for parts in rows for blob in parts]
     records = [(topics.canonical_rows, blob) for blob in encoded_rows]
-    if config.router_replay and config.defer_routes:
-        records += [(topics.route_plans, codecs["RoutePlan"].encode(plan_record(row, ctx.staged_positions)))
-                    for row in result.rows]
+    records += [(topics.route_plans, blob) for blob in plans]
     finalized_at = now_ms()
-    records.append((topics.finalized_groups,
-                    codecs["GroupSummary"].encode(summary_record(result, ctx, finalized_at))))
+    records.append((topics.finalized_groups, _encode_summary(codecs["GroupSummary"], result, ctx,
+                                                             finalized_at)))
     out.outcome = DROPPED if result.dropped else why
     out.ledger_value = codecs["LedgerEntry"].encode(ledger_record(
         ctx, out.outcome, topics.receipts, topics.staged_calls, finalized_at, output_digest(encoded_rows)))
@@ -106,6 +145,44 @@ def _finalize_into(out: Outputs, group: GroupState, why: str, *, config, dims_ca
     out.valid_rows, out.total_rows = result.valid_row_count, result.total_row_count
     out.rejections = [reason for _index, _rollout, reason in result.rejections]
     out.metrics = result.metrics
+    split = [len(parts) for parts in rows if len(parts) > 1]
+    if split:
+        logger.info("group %s: %d rows over max_record_bytes published as %s parts", group.group_id,
+                    len(split), split)
+
+
+def _encode_rows(result, config, codecs, ctx) -> tuple[list[list[bytes]], list[bytes], dict]:
+    """Each row's record(s) and (deferred mode) plan; ``unpublishable``: row index -> the
+    rejection reason for a row whose records cannot be encoded."""
+    rows, plans, unpublishable = [], [], {}
+    deferred = config.router_replay and config.defer_routes
+    for row in result.rows:
+        try:
+            rows.append(encode_row(row, codecs["CanonicalRow"]))
+        except (RowTooLarge, WireError) as error:
+            unpublishable[row.row_index] = R.reason(R.UNPUBLISHABLE_RECORD, f"CanonicalRow: {error}")
+            continue
+        if deferred:
+            try:
+                plans.append(codecs["RoutePlan"].encode(plan_record(row, ctx.staged_positions)))
+            except WireError as error:
+                unpublishable[row.row_index] = R.reason(R.UNPUBLISHABLE_RECORD, f"RoutePlan: {error}")
+    return rows, plans, unpublishable
+
+
+def _encode_summary(codec, result, ctx, finalized_at: int) -> bytes:
+    """The GroupSummary, compacted as far as needed to fit the codec's cap."""
+    bad = sorted(k for k, v in result.metrics.items() if not math.isfinite(v))
+    if bad:   # left out of the summary (summary_record counts them): a bug, say so
+        logger.error("group %s: non-finite metrics left out of the summary: %s", ctx.group_id, bad)
+    for compact in range(SUMMARY_COMPACTIONS):
+        try:
+            return codec.encode(summary_record(result, ctx, finalized_at, compact=compact))
+        except WireError as error:
+            if compact == SUMMARY_COMPACTIONS - 1:
+                raise
+            logger.warning("group %s: summary not encodable (%s); compacting it", ctx.group_id, error)
+    raise AssertionError("unreachable")
 
 
 __all__ = ["DEADLINE", "Outputs", "context_of", "finalize_and_encode"]

@@ -222,3 +222,84 @@ def test_forced_deadlines_fire_without_the_input_being_read():
     assert b.take_ready(9000, {}, force_before_ms=999)[0] == []
     ready, _ = b.take_ready(9000, {}, force_before_ms=1000)
     assert [g.group_id for g, _ in ready] == ["g"]          # h's deadline (4000) is not forced
+
+
+# --- duplicates and conflicts: same identity, same or other content -------------------------
+
+
+def test_a_receipt_repeated_with_other_content_is_a_conflict_naming_what_differs():
+    """It was counted as a duplicate and skipped: neither dead-lettered nor reported."""
+    from dataclasses import replace
+    b = buffer()
+    first = receipt("g", 0, 0, keys=["r0/a"])
+    assert b.add_receipt(first, 0) == ADDED
+    assert b.add_receipt(replace(first, position=Position(R, 0, 1, 0)), 0) == DUPLICATE
+    other = replace(first, reward=0.25, position=Position(R, 0, 2, 0))
+    assert b.add_receipt(other, 0) == CONFLICT
+    assert b.last_conflict == ("conflicts with group g: rollout_index 0 received twice with different "
+                               "content: reward 0.25 != 1.0 (the new copy's value first; the first copy, "
+                               "kept, at receipts[0]@0)")
+    deep = replace(first, receipt={"manifest": [{"staging_key": "r0/b"}]}, position=Position(R, 0, 3, 0))
+    assert b.add_receipt(deep, 0) == CONFLICT
+    assert "receipt.manifest[0].staging_key 'r0/b' != 'r0/a'" in b.last_conflict
+    assert b.groups["g"].receipts[0] is first                         # the first copy stays
+    assert (b.counts["receipt_duplicate"], b.counts["receipt_conflict"]) == (1, 2)
+
+
+def test_receipts_that_differ_only_in_label_order_or_a_nan_nothing_checks_are_duplicates():
+    from dataclasses import replace
+    b = buffer()
+    first = replace(receipt("g", 0, 0), labels=(("a", "x"), ("b", "y")),
+                    receipt={"manifest": [], "reward": float("nan")})
+    b.add_receipt(first, 0)
+    again = replace(first, labels=(("b", "y"), ("a", "x")), receipt={"manifest": [], "reward": float("nan")},
+                    position=Position(R, 0, 1, 0))
+    assert b.add_receipt(again, 0) == DUPLICATE
+
+
+def test_a_staged_call_repeated_with_other_content_is_a_conflict_naming_the_field():
+    from dataclasses import replace
+    b = buffer()
+    names = ("staging_key", "digest", "media")
+    first = replace(staged("g", "r0/a", 0), fingerprint=(names, ("r0/a", "ab" * 32, None)))
+    b.add_staged(first, 0)
+    assert b.add_staged(replace(first, position=Position(S, 0, 1, 0)), 0) == DUPLICATE
+    other = replace(first, fingerprint=(names, ("r0/a", "cd" * 32, None)), position=Position(S, 0, 2, 0))
+    assert b.add_staged(other, 0) == CONFLICT
+    assert b.last_conflict.startswith("conflicts with group g: staging_key 'r0/a' staged twice with "
+                                      "different content: digest 'cdcdcd")
+    media = replace(first, fingerprint=(names, ("r0/a", "ab" * 32, {"imgs": b"\x01"})),
+                    position=Position(S, 0, 3, 0))
+    assert b.add_staged(media, 0) == CONFLICT and "media differs" in b.last_conflict
+    assert b.groups["g"].staged["r0/a"] is first and b.counts["staged_conflict"] == 2
+
+
+def test_staged_copies_are_compared_through_their_decode_fingerprint():
+    """What the decoder keeps (stage.decode.staged_fingerprint): every field but the digested
+    tensor columns, so the comparison does not need the payload the buffer holds."""
+    import numpy as np
+    from stage.client import staged_call_from_record
+    from stage.contract.producer import RolloutBuilder
+    from stage.decode import staged_item
+    from stage.wire import AvroCodec, pack_tensor
+
+    codec = AvroCodec("StagedCall")
+    call = RolloutBuilder("r0").stage("c1", parent_call_id=None, prompt_delta=[1, 2], generated=[3],
+                                     generated_logprobs=[-0.5], weight_version=1).record
+    value = staged_call_from_record("g", call)
+
+    def item(record, offset):
+        data = codec.encode(record)
+        out = staged_item(codec.decode(data), Position(S, 0, offset, 0), len(data))
+        out.payload = None                       # the buffer need not hold the payload to compare
+        return out
+
+    b = buffer()
+    assert b.add_staged(item(value, 0), 0) == ADDED
+    wider = dict(value, token_ids_delta=pack_tensor(np.array([1, 2, 3], dtype=np.uint64)))
+    assert b.add_staged(item(wider, 1), 0) == DUPLICATE   # same tokens, same digest, other dtype
+    forged = dict(value, digest="0" * 64)
+    assert b.add_staged(item(forged, 2), 0) == CONFLICT
+    assert "digest '0000" in b.last_conflict
+    assert b.add_staged(item(dict(value, extras_metadata_json='{"a":1}'), 3), 0) == CONFLICT
+    assert "extras_metadata_json" in b.last_conflict

@@ -149,3 +149,57 @@ def test_a_group_member_reader_commits_only_what_it_handed_out(kafka):
         again.read(1, timeout=2)
         assert again.counts["groups"] == 1 and again.counts["rows"] == 2
 
+
+
+def _produce_located(producer, topic, key, blob) -> tuple[int, int]:
+    """Produce one record and return its (partition, offset)."""
+    where = []
+    producer.produce(topic, key, blob, on_delivery=lambda d: where.append((d.partition, d.offset)))
+    producer.flush(60)
+    return where[0]
+
+
+def test_a_row_the_reader_cannot_decode_stops_it_and_the_position_never_passes_it(kafka):
+    """It was counted ``undecodable`` and skipped: the position moved past it and a
+    checkpointing trainer lost the group for good."""
+    from stage.client.reader import UnreadableRecord
+
+    topics = _topics(kafka)
+    producer = StagingProducer(kafka.bootstrap, topics=topics)
+    records, receipts, _ = _stage_group(producer, "good", n=2, turns=1)
+    for row in _finalize("good", records, receipts, ReassemblyConfig()).rows:
+        _produce_located(producer, topics.canonical_rows, "good", ROWS.encode(row_record(row)))
+    partition, bad_offset = _produce_located(producer, topics.canonical_rows, "bad", b"\x00not a row")
+    records, receipts, _ = _stage_group(producer, "bad", n=1, turns=1, seed=4)
+    (after,) = _finalize("bad", records, receipts, ReassemblyConfig()).rows
+    _produce_located(producer, topics.canonical_rows, "bad", ROWS.encode(row_record(after)))
+    with CanonicalReader(kafka.bootstrap, topics=topics, config=CLIENT) as reader:
+        with pytest.raises(UnreadableRecord, match=rf"rows record at .*\[{partition}\]@{bad_offset} cannot be "
+                                                   r"read: .*create the reader with max_record_bytes="):
+            while True:
+                reader.read(5, timeout=60)
+        position = reader.position()
+        resume = position.offsets()[(topics.canonical_rows, partition)]
+        assert resume is None or resume <= bad_offset          # None: from the beginning
+        with pytest.raises(UnreadableRecord):                 # stays stopped
+            reader.read(1, timeout=1)
+    with CanonicalReader(kafka.bootstrap, topics=topics, config=CLIENT, start_from=position) as again:
+        with pytest.raises(UnreadableRecord, match=rf"@{bad_offset} "):   # stops there again
+            while True:
+                again.read(5, timeout=60)
+
+
+def test_one_setting_lets_the_reader_read_rows_above_the_default_cap_and_names_itself_when_short(kafka):
+    from stage.client.reader import UnreadableRecord
+
+    topics = _topics(kafka)
+    producer = StagingProducer(kafka.bootstrap, topics=topics)
+    records, receipts, _ = _stage_group(producer, "big", n=1, turns=2)
+    (row,) = _finalize("big", records, receipts, ReassemblyConfig()).rows
+    blob = ROWS.encode(row_record(row))
+    _produce_located(producer, topics.canonical_rows, "big", blob)
+    with CanonicalReader(kafka.bootstrap, topics=topics, config=CLIENT, max_record_bytes=len(blob) - 1) as short:
+        with pytest.raises(UnreadableRecord, match=f"exceeds max_record_bytes={len(blob) - 1}"):
+            short.read(1, timeout=60)
+    with CanonicalReader(kafka.bootstrap, topics=topics, config=CLIENT, max_record_bytes=len(blob)) as fits:
+        assert [g.group_id for g in fits.read(1, timeout=60)] == ["big"]

@@ -202,3 +202,122 @@ def test_media_with_a_wrong_layout_is_refused_by_name():
     record["num_frames"] = {"dtype": "int64", "shape": [1], "data": bytes(8)}
     with pytest.raises(ValueError, match="num_frames"):
         row_from_record(record)
+
+
+# --- rows published in parts (a row over the stage's max_record_bytes) -----------------------
+
+
+def split_group(cap=400, config=ReassemblyConfig(router_replay=True)):
+    """finalized_group's rows (270, 440 and 142 bytes as one record) through the stage's
+    encode_row with a small cap: the 14-token row is published in parts, the others whole."""
+    from stage.publish.records import encode_row
+    group, _ = finalized_group(config)
+    codec = AvroCodec("CanonicalRow", max_record_bytes=cap)
+    return group, [encode_row(row, codec) for row in group.rows]
+
+
+def test_encode_row_splits_only_what_exceeds_the_cap_and_each_part_fits():
+    group, parts = split_group()
+    assert [len(p) > 1 for p in parts] == [False, True, False]
+    for blobs in parts:
+        assert all(len(blob) <= 400 for blob in blobs)
+        decoded = [ROWS.decode(blob) for blob in blobs]
+        if len(blobs) > 1:
+            assert [d["row_part"] for d in decoded] == [{"index": i, "count": len(blobs)}
+                                                      for i in range(len(blobs))]
+            assert {d["input_lengths"] for d in decoded} == {decoded[0]["input_lengths"]}
+        else:
+            assert decoded[0]["row_part"] is None
+
+
+def test_parts_in_any_order_with_duplicates_reassemble_into_the_finalizers_rows():
+    group, parts = split_group()
+    blobs = [(i, blob) for i, row_parts in enumerate(parts) for blob in row_parts]
+    order = list(reversed(blobs)) + blobs[:2]          # every part, then two copies
+    assembler = GroupAssembler()
+    done = [g for _, blob in order if (g := assembler.add_row(ROWS.decode(blob), blob)) is not None]
+    assert len(done) == 1 and assembler.counts["duplicates"] == 2 and assembler.counts["conflicts"] == 0
+    out = done[0]
+    for row, want in zip(out.rows, group.rows):
+        for name in ("input_ids", "generation_logprobs", "token_mask", "prompt_ids_for_adv", "routed_experts"):
+            assert torch.equal(getattr(row, name), getattr(want, name)), name
+    assert torch.equal(out.tensors()["routed_experts"], pad_group(group)["routed_experts"])
+    assert out.records[0]["row_part"] is None          # the whole record, as one row would be
+
+
+def test_a_part_with_other_content_is_a_conflict_and_parts_that_disagree_never_make_a_row():
+    group, parts = split_group()
+    assembler = GroupAssembler()
+    first = ROWS.decode(parts[1][0])
+    assembler.add_row(first, parts[1][0])
+    other = dict(first, total_reward=5.0)
+    assert assembler.add_row(other, ROWS.encode(other)) is None
+    assert assembler.counts["conflicts"] == 1
+    # the remaining parts of row 1 disagree with the first on a scalar: row 1 never completes
+    for blob in parts[1][1:]:
+        assembler.add_row(dict(ROWS.decode(blob), truncated=True), blob)
+    assert assembler.counts["invalid"] == 1 and 1 not in assembler.pending["grp"].rows
+
+
+@pytest.mark.parametrize("part", [{"index": 0, "count": 1}, {"index": 2, "count": 2},
+                                  {"index": 0, "count": 5000}])
+def test_impossible_part_numbers_are_invalid(part):
+    _, parts = split_group()
+    assembler = GroupAssembler()
+    assert assembler.add_row(dict(ROWS.decode(parts[1][0]), row_part=part)) is None
+    assert assembler.counts["invalid"] == 1
+
+
+# --- the reader's limits follow one setting, the stage's max_record_bytes --------------------
+
+
+@pytest.mark.parametrize("max_record_bytes", [1 << 20, 64 << 20, 1_000_000_000 - (1 << 20)])
+def test_every_reader_limit_follows_max_record_bytes(monkeypatch, max_record_bytes):
+    """The stage accepts max_record_bytes up to ~953 MiB; the reader and the route fetcher decoded
+    with a fixed 64 MiB cap and fetched with fixed 64 MiB limits."""
+    import stage.client.reader as reader_module
+    import stage.client.route_fetch as fetch_module
+    from stage.config.model import StageConfig
+    from stage.runtime.clients import consumer_config
+
+    class Captured:
+        confs = []
+
+        def __init__(self, conf):
+            self.confs.append(conf)
+
+        def assign(self, *_):
+            pass
+
+        def subscribe(self, *args, **kwargs):
+            pass
+
+    monkeypatch.setattr(reader_module, "Consumer", Captured)
+    monkeypatch.setattr(fetch_module, "Consumer", Captured)
+    reader = reader_module.CanonicalReader("b:9092", group_id="t", route_plans=True,
+                                           max_record_bytes=max_record_bytes)
+    fetcher = fetch_module.DeferredRouteFetcher("b:9092", dims=(2, 2), max_record_bytes=max_record_bytes)
+    stage = consumer_config(StageConfig(max_record_bytes=max_record_bytes))
+    for conf in Captured.confs:
+        for name in ("fetch.max.bytes", "max.partition.fetch.bytes", "receive.message.max.bytes"):
+            assert conf[name] == stage[name], name
+    assert {codec.max_record_bytes for _, codec in reader.codecs.values()} == {max_record_bytes}
+    assert fetcher.codec.max_record_bytes == max_record_bytes
+
+
+def test_a_complete_group_whose_rows_cannot_be_built_is_never_handed_out_and_holds_the_position():
+    """It was logged, dropped and finished: the position moved past it."""
+    from stage.client.stream import GroupStream
+
+    group, encoded = finalized_group()
+    stream = GroupStream()
+    tp = ("rows", 0)
+    stream.assigned(tp, None)
+    broken = ROWS.decode(encoded[1])
+    broken["input_ids"] = dict(broken["input_ids"], data=broken["input_ids"]["data"][:-1])
+    for offset, record in enumerate([ROWS.decode(encoded[0]), broken, ROWS.decode(encoded[2])]):
+        stream.offer("rows", tp, 10 + offset, record, None)
+    unusable = stream.end_batch()
+    assert unusable[0] == "grp" and unusable[1] == ("rows", 0, 10) and "input_ids" in unusable[2]
+    assert stream.next_group() is None
+    assert stream.position().offsets() == {tp: 10}

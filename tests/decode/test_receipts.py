@@ -11,9 +11,9 @@ from stage.wire import AvroCodec
 CODEC = AvroCodec("ReceiptEvent")
 
 
-def decoded(**fields):
+def decoded(reward=1.0, **fields):
     value = receipt_event(group_id="g", rollout_id="g-r0", rollout_index=0, group_size=2,
-                          prompt_idx=1, reward=1.0, receipt=None, **fields)
+                          prompt_idx=1, reward=reward, receipt=None, **fields)
     return CODEC.decode(CODEC.encode(value))       # what the stage sees: the wire's view
 
 
@@ -60,3 +60,24 @@ def test_limits_are_configurable():
     with pytest.raises(DecodeError, match="result_stats: 2 entries, more than 1"):
         item(record, InputLimits(max_result_stats=1))
     assert item(record).result_stats == (("x", 1.0, 1), ("y", 1.0, 1))
+
+
+@pytest.mark.parametrize("name", ["reward", "loss_multiplier"])
+@pytest.mark.parametrize("value", [1e308, -1e308, 3.5e38, float("inf"), float("nan")])
+def test_rewards_and_loss_multipliers_beyond_float32_are_refused(name, value):
+    """Rows publish them as Avro floats: 1e308 passed a float64 finite check and was published
+    as total_reward = inf / sample_mask = -inf in a valid row."""
+    with pytest.raises(DecodeError) as error:
+        item(decoded(**{name: value}))
+    assert str(error.value).startswith(f"{name}: must be finite and within float32 range")
+
+
+@pytest.mark.parametrize("value", [3.4028234e38, -3.4028234e38, 0.0, -1e-45])
+def test_rewards_at_float32_extremes_are_kept(value):
+    assert item(decoded(reward=value)).reward == value
+
+
+def test_result_stat_sums_that_could_overflow_the_group_sum_are_refused():
+    with pytest.raises(DecodeError, match=r"result_stats\[0\]\.sum: must be at most 4.39e\+304"):
+        item(decoded(result_stats=[("score", 1e308, 1)]))
+    assert item(decoded(result_stats=[("score", 1e300, 1)])).result_stats == (("score", 1e300, 1),)

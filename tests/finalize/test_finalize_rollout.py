@@ -211,11 +211,17 @@ def test_staged_row_under_a_foreign_key_is_missing_staging_row(golden):
 @pytest.mark.parametrize("metadata, detail", [
     (b"[1]", "extras_metadata_json must encode an object or null"),
     (b'{"routed_experts_boundary_index":-1}', "malformed routed_experts_boundary_index: -1"),
+    # 1,000 levels: json.loads would raise RecursionError (the call digest does not cover this text)
+    (b'{"a":' + b"[" * 1000 + b"]" * 1000 + b"}", "extras_metadata_json nests 1001 levels deep, more than 64"),
+    (b'{"a":"' + b"[" * 1000 + b'"}', None),   # brackets inside a string are not nesting
 ])
 def test_malformed_staged_row_is_invalid_staging_row(golden, metadata, detail):
     source, staged = golden
     source.put(replace(source.rows["r0/c2"], extras_metadata_json=metadata))
     out = finalizer(source).finalize_rollout("r0", staged.receipt_json(), reward=0.75)
+    if detail is None:   # parses: the untouched digests still bind the row
+        assert out.valid, out.rejection_reason
+        return
     assert_rejected(out, f"invalid_staging_row:{detail}", ["r0/c1", "r0/c2"])
 
 

@@ -113,13 +113,56 @@ def test_direct_output_is_int16_whatever_was_staged(routes):
     assert out.rows[0].routed_experts.tolist() == expected.tolist()
 
 
-def test_direct_without_any_staged_routes_raises():
-    """§9 rollout_reassembler 12: valid rows exist but none carried routes and (L, K) is unknown."""
+def test_direct_without_any_staged_routes_and_unknown_dims_rejects_the_rows_instead_of_raising():
+    """§9 rollout_reassembler 12 raises RuntimeError (UNKNOWN_ROUTE_DIMS_MESSAGE): NeMo RL fails
+    loudly, and the stage would halt the partition on it for good. Here the valid rows are
+    rejected with a named reason and the group is the structural drop (nothing to shape)."""
     source = InMemoryTokenSource()
     staged = stage_rollout(source, "a", golden_specs())
-    with pytest.raises(RuntimeError, match="routed_experts") as info:
-        Group().add("a", staged.receipt_json()).run(Reassembler(source, ReassemblyConfig(**DIRECT)))
-    assert str(info.value) == UNKNOWN_ROUTE_DIMS_MESSAGE
+    out = Group().add("a", staged.receipt_json()).run(Reassembler(source, ReassemblyConfig(**DIRECT)))
+    assert out.rejections == [(0, "a", "route_dims_unknown")]
+    assert out.dropped and out.drop_reason == DROP_NO_ROUTE_DIMS and out.rows == []
+
+
+def test_configured_dims_shape_rows_without_routes_from_the_first_group():
+    source = InMemoryTokenSource()
+    staged = stage_rollout(source, "a", golden_specs())
+    config = ReassemblyConfig(**DIRECT, route_layers=L, route_topk=K)
+    out = Group().add("a", staged.receipt_json()).add("b", None).run(Reassembler(source, config))
+    assert not out.dropped and out.valid_row_count == 1
+    assert out.rows[0].routed_experts.shape == (7, L, K) and (out.rows[0].routed_experts == -1).all()
+    assert out.routed_experts.shape == (2, 7, L, K)
+    only_placeholders = Group(group_id="g2").add("x", None).run(Reassembler(InMemoryTokenSource(), config))
+    assert not only_placeholders.dropped and only_placeholders.routed_experts.shape == (1, 1, L, K)
+
+
+def test_routes_that_contradict_the_configured_dims_reject_their_rollout(routed):
+    source, staged = routed                                            # staged with (L, K) = (2, 2)
+    config = ReassemblyConfig(**DIRECT, route_layers=3, route_topk=1)
+    fin = Reassembler(source, config)
+    out = Group().add("grp_g0", staged.receipt_json()).add("b", None).run(fin)
+    assert out.rows[0].rejection_reason == "route_assembly:fragment_model_shape"
+    assert out.routed_experts.shape == (2, 1, 3, 1)
+    assert fin.dims_cache.dims == (3, 1)                               # never relearned
+
+
+def test_rows_of_one_group_with_different_learned_dims_reject_the_later_one_instead_of_raising():
+    """Without configured dims the first valid row's routes set the group's (L, K) (§3.9); NeMo RL
+    raises RuntimeError for a row of other dims, which would halt the stage's partition."""
+    source = InMemoryTokenSource()
+    first = stage_rollout(source, "a", golden_specs(routes="int16"))
+    other = stage_rollout(source, "b", [
+        CallSpec("c1", None, [10, 11], [12, 13], extras=route_extras(route_values(1, 4, layers=3, topk=1)))])
+    out = (Group().add("a", first.receipt_json()).add("b", other.receipt_json())
+           .run(Reassembler(source, ReassemblyConfig(**DIRECT))))
+    assert out.rows[0].valid and out.rows[0].routed_experts.shape == (7, L, K)
+    assert out.rows[1].rejection_reason == "route_assembly:fragment_model_shape"
+    assert out.routed_experts.shape == (2, 7, L, K)
+
+
+def test_route_dims_are_set_together():
+    with pytest.raises(ValueError, match="set both or neither"):
+        ReassemblyConfig(**DIRECT, route_layers=48)
 
 
 def test_direct_row_without_routes_is_all_sentinel_once_dims_are_known(routed):

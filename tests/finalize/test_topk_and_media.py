@@ -319,3 +319,82 @@ def test_chain_mixing_bfloat16_and_float16_pixels_is_rejected():
     row = Reassembler(source, ReassemblyConfig(**MEDIA_CONFIG)).finalize_rollout(
         "a", staged.receipt_json(), reward=0.0)
     assert not row.valid and "bfloat16" in row.rejection_reason and "float16" in row.rejection_reason
+
+
+# --- non-finite values: nothing NaN or infinite reaches a published row ---------------------
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("-inf"), float("inf")])
+def test_non_finite_topk_logprobs_reject_the_rollout(bad):
+    """No digest binds the top-k columns: a NaN or -inf there would be published in a valid row."""
+    source = InMemoryTokenSource()
+    specs = golden_specs(topk=True)
+    lps = specs[1].topk.logprobs.copy()
+    lps[1, 2] = bad
+    specs[1].topk = TopK(ids=specs[1].topk.ids, logprobs=lps)
+    staged = stage_rollout(source, "a", specs)
+    out = Group().add("a", staged.receipt_json(), 1.0).add("b", None).run(
+        Reassembler(source, ReassemblyConfig(**TOPK_CONFIG)))
+    assert out.rows[0].rejection_reason == "non_finite_value:generation_topk_logprobs"
+    assert all(torch.isfinite(row.generation_topk_logprobs).all() for row in out.rows)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, "bfloat16"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_non_finite_pixels_reject_the_rollout(dtype, bad):
+    pixels = np.full((1, 2, 3 * PATCH * PATCH), 0.5, dtype=np.float32)
+    pixels[0, 1, 3] = bad
+    sizes = np.array([[PATCH, 2 * PATCH]], dtype=np.int32)
+    media = (StagedMedia.of(torch.from_numpy(pixels).to(torch.bfloat16), sizes) if dtype == "bfloat16"
+             else StagedMedia(imgs=pixels.astype(dtype), imgs_sizes=sizes))
+    source = InMemoryTokenSource()
+    staged = stage_rollout(source, "a", media_specs(c1=media), terminal="c2")
+    row = Reassembler(source, ReassemblyConfig(**MEDIA_CONFIG)).finalize_rollout(
+        "a", staged.receipt_json(), reward=0.0)
+    assert row.rejection_reason == "non_finite_value:pixel_values"
+
+
+def test_large_finite_pixels_are_kept():
+    source = InMemoryTokenSource()
+    staged = stage_rollout(source, "a", media_specs(c1=image(2, dtype=np.float16, value=65504.0)),
+                           terminal="c2")
+    row = Reassembler(source, ReassemblyConfig(**MEDIA_CONFIG)).finalize_rollout(
+        "a", staged.receipt_json(), reward=0.0)
+    assert row.valid, row.rejection_reason
+
+
+@pytest.mark.parametrize("reward", [1e308, float("inf"), float("nan")])
+def test_a_reward_beyond_float32_is_a_placeholder_without_it(reward):
+    """The library path (the stage's decoder already refuses such receipts): total_reward is a
+    float32, so the row cannot keep it; the placeholder publishes 0."""
+    source = InMemoryTokenSource()
+    staged = stage_rollout(source, "a", golden_specs())
+    out = Group().add("a", staged.receipt_json(), reward).add("b", None, 0.5).run(
+        Reassembler(source, ReassemblyConfig()))
+    assert out.rows[0].rejection_reason == "non_finite_value:total_reward"
+    assert [row.total_reward for row in out.rows] == [0.0, 0.5]
+
+
+def test_a_loss_multiplier_beyond_float32_rejects_every_valid_row():
+    source = InMemoryTokenSource()
+    staged = stage_rollout(source, "a", golden_specs())
+    out = Group().add("a", staged.receipt_json(), 1.0).add("b", None).run(
+        Reassembler(source, ReassemblyConfig()), loss_multiplier=1e308)
+    assert [row.rejection_reason for row in out.rows] == ["non_finite_value:sample_mask", "missing_receipt"]
+    assert [row.sample_mask for row in out.rows] == [0.0, 0.0]
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_non_finite_token_logprobs_never_reach_a_row(value):
+    """Refused by the contract when the staged snapshot is built from the wire record, before
+    any row exists (pinned here: this is why rows need no check of their own for them)."""
+    from stage.client import staged_call_from_record
+    from stage.decode import staged_row
+    from stage.wire import pack_tensor
+
+    staged = stage_rollout(None, "a", golden_specs())
+    value_record = staged_call_from_record("grp", staged.calls["c2"].record)
+    logprobs = np.array([0.0, value, -0.4], dtype=np.float32)
+    value_record["generation_log_probs_delta"] = pack_tensor(logprobs)
+    with pytest.raises(ValueError, match="finite"):
+        staged_row(value_record)

@@ -60,14 +60,16 @@ class GroupSpec:
 
 
 def make_group(group_id: str, n: int, *, calls: int = 3, seed: int = 0, routes: tuple | None = (2, 2),
-               prompt_idx: int = 0) -> GroupSpec:
+               prompt_idx: int = 0, prompt: tuple[int, int] = (6, 3), generated: int = 4) -> GroupSpec:
+    """``prompt``: prompt tokens of the root call and of each later call; ``generated``: tokens
+    each call generates."""
     rng = np.random.default_rng(seed)
     spec = GroupSpec(group_id, [], [])
     for i in range(n):
         builder = RolloutBuilder(f"{group_id}-r{i}")
         parent = None
         for c in range(calls):
-            carry, gen = (6 if parent is None else 3), 4
+            carry, gen = (prompt[0] if parent is None else prompt[1]), generated
             extras = None
             if routes:
                 layers, topk = routes

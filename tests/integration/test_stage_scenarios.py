@@ -123,6 +123,33 @@ def test_garbage_and_truncated_records_go_to_the_dead_letter_topic_and_the_stage
     assert _summaries(kafka, topics)["fine"]["valid_rows"] == 2
 
 
+def test_copies_with_other_content_are_dead_lettered_as_conflicts_and_identical_ones_skipped(kafka):
+    """A second receipt or staged call under a buffered identity with other content was counted
+    as a duplicate and skipped without a trace."""
+    cfg, topics, feed = _setup(kafka)
+    spec = make_group("twice", 2, seed=8)
+    other_receipt = dict(spec.receipts[0], reward=0.75)
+    other_call = dict(spec.staged[0], digest="f" * 64)
+    feed.staged(spec, [spec.staged[0], spec.staged[0], other_call, *spec.staged[1:]])
+    feed.receipts(spec, [spec.receipts[0], spec.receipts[0], other_receipt, spec.receipts[1]])
+    feed.flush()
+    with RunningStage(cfg) as stage:
+        stats = stage.runtime.stats
+        stage.wait(lambda: stats.total("groups_published") >= 1 and stats.total("dead_letters") >= 2,
+                   60, "publication and dead letters")
+        assert stats.count("records_skipped", topic=topics.receipts, reason="duplicate") == 1
+        assert stats.count("records_skipped", topic=topics.staged_calls, reason="duplicate") == 1
+        assert stats.count("dead_letters", topic=topics.receipts, reason="conflict") == 1
+        assert stats.count("dead_letters", topic=topics.staged_calls, reason="conflict") == 1
+    letters = {m.value(): dict(m.headers()) for m in read_all(kafka.bootstrap, topics.dead_letter, expect=2)}
+    receipt_error = letters[feed.receipt_codec.encode(other_receipt)]["error"].decode()
+    assert "rollout_index 0 received twice with different content: reward 0.75 != 0.0" in receipt_error
+    staged_error = letters[feed.staged_codec.encode(other_call)]["error"].decode()
+    assert f"staging_key {spec.staged[0]['staging_key']!r} staged twice" in staged_error
+    assert all(h["error-class"] == b"conflict" for h in letters.values())
+    assert _summaries(kafka, topics)["twice"]["valid_rows"] == 2          # the first copies won
+
+
 def test_deferred_plans_point_at_fetchable_fragments_that_rebuild_the_direct_routes(kafka):
     finalize = ReassemblyConfig(router_replay=True, defer_routes=True)
     cfg, topics, feed = _setup(kafka, finalize=finalize)
@@ -160,3 +187,30 @@ def test_deferred_plans_point_at_fetchable_fragments_that_rebuild_the_direct_rou
         expected = np.frombuffer(want["routed_experts"]["data"], dtype="<i2").reshape(want["routed_experts"]["shape"])
         assert torch.equal(routes, torch.from_numpy(expected.copy()))
     reader.close()
+
+
+def test_a_row_over_max_record_bytes_reaches_the_trainer_whole(kafka):
+    """Direct router replay at L=16, K=8 (256 route bytes a token): calls of 700 and 500 tokens make a
+    ~330 kB row, over a 256 KiB max_record_bytes; each staged call is under it. The WireError
+    "over max_record_bytes" halted the partition; now the row is published in parts and the
+    reader, given the stage's max_record_bytes, hands out the group whole."""
+    from stage.client import CanonicalReader
+
+    finalize = ReassemblyConfig(router_replay=True, route_layers=16, route_topk=8)
+    cap = 256 << 10
+    cfg, topics, feed = _setup(kafka, finalize=finalize, max_record_bytes=cap)
+    spec = make_group("long", 2, calls=2, seed=9, routes=(16, 8), prompt=(300, 100), generated=400)
+    feed.staged(spec)
+    feed.receipts(spec)
+    feed.flush()
+    with RunningStage(cfg) as stage:
+        stage.wait(lambda: stage.runtime.stats.total("groups_published") >= 1, 60, "publication")
+        assert not stage.runtime.halted
+    blobs = [m.value() for m in read_all(kafka.bootstrap, topics.canonical_rows)]
+    assert len(blobs) > 2 and all(len(b) <= cap for b in blobs)
+    with CanonicalReader(kafka.bootstrap, topics=topics, max_record_bytes=cap) as reader:
+        (group,) = reader.read(1, timeout=60)
+    want = expected_rows(spec, finalize)
+    assert [r.sample_id for r in group.rows] == ["long_g0", "long_g1"] and group.valid_rows == 2
+    assert [ROWS.encode(r) for r in group.records] == [ROWS.encode(r) for r in want]
+    assert group.tensors()["routed_experts"].shape[2:] == (16, 8)

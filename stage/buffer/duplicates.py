@@ -1,0 +1,94 @@
+"""A second record under an identity the buffer already holds: a duplicate, or a conflict.
+
+A receipt's identity is its group and ``rollout_index``; a staged call's, its group and
+``staging_key``. A copy with the same content is a duplicate (a producer retry, a replay):
+skipped and counted. A copy with other content is a conflict: the first copy stays, the second
+is dead-lettered with the text these functions return (what differs, both values) and counted.
+They run only when a second record with a held identity arrives, never on the first.
+
+"Same content" (docs/schemas.md, Duplicates and conflicts): for a receipt, every field of the
+ReceiptEvent (the group-level fields are compared before, by stage.buffer.fields); for a staged
+call, its ``fingerprint`` taken at decode: every field of the StagedCall except the token and
+route tensors, which the digests it carries stand for (``digest`` covers the token columns,
+``extras_digest`` the routes), and the media and top-k columns, which no digest covers, by value.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from stage.buffer.items import ReceiptItem, StagedItem
+
+_SHOWN = 80   # characters of a differing value quoted in the conflict text
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Structural equality in which NaN equals NaN (a replayed receipt may carry one in a
+    field nothing checks, such as the receipt's own ``reward``)."""
+    if isinstance(a, float) and isinstance(b, float):
+        return a == b or (math.isnan(a) and math.isnan(b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return type(a) is type(b) and a == b
+
+
+def _first_difference(a: Any, b: Any, path: str) -> str | None:
+    """The path of the first place ``a`` and ``b`` differ, with both values (None: the same)."""
+    if isinstance(a, dict) and isinstance(b, dict) and a.keys() == b.keys():
+        return next((d for k in a if (d := _first_difference(a[k], b[k], f"{path}.{k}"))), None)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and len(a) == len(b):
+        return next((d for i, (x, y) in enumerate(zip(a, b))
+                     if (d := _first_difference(x, y, f"{path}[{i}]"))), None)
+    if _same(a, b):
+        return None
+    return f"{path} {_show(b)} != {_show(a)}"
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= _SHOWN else text[:_SHOWN] + "..."
+
+
+def _where(item) -> str:
+    pos = item.position
+    return f"{pos.topic}[{pos.partition}]@{pos.offset}"
+
+
+def receipt_difference(first: ReceiptItem, second: ReceiptItem) -> str | None:
+    """Why ``second`` (same group and rollout_index as ``first``) is a conflict, or None."""
+    fields = (("rollout_id", first.rollout_id, second.rollout_id),
+              ("reward", first.reward, second.reward),
+              ("mask_sample", first.mask_sample, second.mask_sample),
+              ("canonical_sample_id", first.canonical_sample_id, second.canonical_sample_id),
+              ("labels", sorted(set(first.labels)), sorted(set(second.labels))),
+              ("result_stats", sorted(first.result_stats), sorted(second.result_stats)),
+              ("receipt", first.receipt, second.receipt))
+    for name, ours, theirs in fields:
+        detail = _first_difference(ours, theirs, name)
+        if detail:
+            return (f"conflicts with group {second.group_id}: rollout_index {second.rollout_index} "
+                    f"received twice with different content: {detail} (the new copy's value "
+                    f"first; the first copy, kept, at {_where(first)})")
+    return None
+
+
+def _fields(fingerprint: tuple) -> dict:
+    names, values = fingerprint or ((), ())
+    return dict(zip(names, values))
+
+
+def staged_difference(first: StagedItem, second: StagedItem) -> str | None:
+    """Why ``second`` (same group and staging_key as ``first``) is a conflict, or None."""
+    ours, theirs = _fields(first.fingerprint), _fields(second.fingerprint)
+    for name in dict.fromkeys([*ours, *theirs]):
+        a, b = ours.get(name), theirs.get(name)
+        if not _same(a, b):
+            detail = (f"{name} {_show(b)} != {_show(a)}" if not isinstance(a, dict) and not isinstance(b, dict)
+                      else f"{name} differs")   # media, top-k: tensors, not worth quoting
+            return (f"conflicts with group {second.group_id}: staging_key {second.staging_key!r} "
+                    f"staged twice with different content: {detail} (the new copy's value first; "
+                    f"the first copy, kept, at {_where(first)})")
+    return None
