@@ -16,9 +16,10 @@ costs its header plus its text, at most its UTF-8 length; a number its boxed siz
 dict. The text of strings and bytes, with one transient copy while it is read, is at most twice
 the input, counted once for the record.
 
-The walk is generated Python source, one function per record of the schema, with every field
-inlined (a varint is skipped, not decoded): ~2x cheaper than a walk of nested closures, and it
-costs less than the decode it protects. Each function has the signature
+The walk is generated Python source, the whole schema inlined into one function (a varint is
+skipped, not decoded; only unions and arrays nested deeper than Python's block limit allows move
+into functions of their own): ~4x cheaper than a walk of nested closures, and a fraction of the
+decode it protects (``python -m stage.bench.wire``). Each function has the signature
 ``(data, pos, end, acc) -> pos``, with ``acc = [cost so far, limit]``.
 """
 
@@ -37,8 +38,8 @@ from .guard import PRIMITIVES, named_types
 BUDGET_RATIO = 16
 BUDGET_SLACK = 64 * 1024
 MAX_SCHEMA_NODES = 20_000   # a registry schema whose walk would be larger is refused
-_MAX_INLINE_DEPTH = 6        # deeper anonymous nesting moves to its own function (Python's
-                             # compiler allows 20 nested blocks)
+_MAX_INLINE_DEPTH = 12       # unions and arrays nested deeper move to a function of their
+                             # own (Python's compiler allows 20 nested blocks)
 
 _NUMBER = 36          # a boxed int of up to 64 bits (small ints are shared, costed anyway)
 _FLOAT = 24
@@ -118,9 +119,9 @@ class DecodeBudget:
     def limit(self, size: int) -> int:
         return int(self.ratio * size) + self.slack
 
-    def check(self, data, start: int, size: int) -> None:
-        """Raise WireError unless ``data[start:size]`` can be a record of the schema whose
-        decoded objects fit the budget."""
+    def check(self, data, start: int, size: int) -> int:
+        """The estimated bytes of the record's decoded objects; WireError unless
+        ``data[start:size]`` can be a record of the schema that fits the budget."""
         acc = [self._cost + 2 * size, self.limit(size)]
         if acc[0] > acc[1]:
             raise WireError(f"{self.what}: a record of {size} bytes cannot decode within "
@@ -133,10 +134,11 @@ class DecodeBudget:
         if end > size:
             raise WireError(f"cannot decode {self.what}: a field runs {end - size} bytes past "
                             f"the end of the {size}-byte input")
+        return acc[0]
 
 
 class _Generator:
-    """Writes the walk's source: ``function`` per record, ``_emit`` per node inline."""
+    """Writes the walk's source: ``function`` per function, ``_emit`` per node inline."""
 
     def __init__(self, named: Mapping[str, Any], reader_fields: Mapping[str, tuple[str, ...]],
                  ratio: float, slack: int, what: str) -> None:
@@ -168,12 +170,12 @@ class _Generator:
         lines = [f"def {name}(data, pos, end, acc):", f"    # {path}"]
         self.functions.append(lines)
         body: list[str] = []
-        cost, least = self._emit(node, path, body, 1, 0)
+        cost, least = self._emit(node, path, body, 1)
         lines.extend(body)
         lines.append("    return pos")
         return name, cost, least
 
-    def _emit(self, node: Any, path: str, out: list[str], indent: int, depth: int) -> tuple[int, int]:
+    def _emit(self, node: Any, path: str, out: list[str], indent: int) -> tuple[int, int]:
         """Append code advancing ``pos`` past ``node``; return its (fixed cost, least bytes)."""
         self.nodes += 1
         if self.nodes > MAX_SCHEMA_NODES:
@@ -183,15 +185,16 @@ class _Generator:
             node = self.named[node]
         if isinstance(node, str):
             return self._primitive(node, path, out, pad)
-        if isinstance(node, list):
-            return self._union(node, path, out, indent, depth)
-        kind = node["type"]
-        if kind in ("record", "error"):
-            if depth > 0:   # every nested record is a function of its own
+        if isinstance(node, list) or (isinstance(node, dict) and node["type"] in ("array", "map")):
+            if indent > _MAX_INLINE_DEPTH:   # a function of its own, with fresh blocks
                 name, cost, least = self.function(node, path)
                 out.append(f"{pad}pos = {name}(data, pos, end, acc)")
                 return cost, least
-            return self._record(node, path, out, indent, depth)
+        if isinstance(node, list):
+            return self._union(node, path, out, indent)
+        kind = node["type"]
+        if kind in ("record", "error"):
+            return self._record(node, path, out, indent)
         if kind == "enum":
             out += _skip_varint(pad)
             return 0, 1
@@ -199,12 +202,8 @@ class _Generator:
             _advance(out, pad, node["size"])
             return _BYTES + node["size"], node["size"]
         if kind in ("array", "map"):
-            if depth >= _MAX_INLINE_DEPTH:
-                name, cost, least = self.function(node, path)
-                out.append(f"{pad}pos = {name}(data, pos, end, acc)")
-                return cost, least
-            return self._container(node, path, out, indent, depth)
-        cost, least = self._emit(kind, path, out, indent, depth)   # {"type": "long", ...}
+            return self._container(node, path, out, indent)
+        cost, least = self._emit(kind, path, out, indent)   # {"type": "long", ...}
         return cost + (_LOGICAL if "logicalType" in node else 0), least
 
     def _primitive(self, kind: str, path: str, out: list[str], pad: str) -> tuple[int, int]:
@@ -226,42 +225,42 @@ class _Generator:
             return (_STR if kind == "string" else _BYTES), 1
         return _FIXED_COSTS[kind], _WIDTHS.get(kind, 0 if kind == "null" else 1)
 
-    def _record(self, node: dict, path: str, out: list[str], indent: int, depth: int) -> tuple[int, int]:
+    def _record(self, node: dict, path: str, out: list[str], indent: int) -> tuple[int, int]:
         names = [f["name"] for f in node["fields"]]
         added = [n for n in self.reader_fields.get(_short(node["name"]), ()) if n not in names]
         cost = _dict_cost(len(names) + len(added)) + len(added) * _DEFAULTED
         least = 0
         for f in node["fields"]:
             out.append(f"{'    ' * indent}# .{f['name']}")
-            c, n = self._emit(f["type"], f"{path}.{f['name']}", out, indent, depth + 1)
+            c, n = self._emit(f["type"], f"{path}.{f['name']}", out, indent)
             cost, least = cost + c, least + n
         return cost, least
 
-    def _union(self, branches: list, path: str, out: list[str], indent: int, depth: int) -> tuple[int, int]:
+    def _union(self, branches: list, path: str, out: list[str], indent: int) -> tuple[int, int]:
         pad = "    " * indent
-        var = f"u{depth}"
+        var = f"u{indent}"
         out += _read_varint(var, pad)
         out += [f"{pad}if {var} < 0:", f"{pad}    {var} += {len(branches)}"]
         cost = 0
         for i, branch in enumerate(branches):
             out.append(f"{pad}{'if' if i == 0 else 'elif'} {var} == {i}:")
             body: list[str] = []
-            c, _ = self._emit(branch, path, body, indent + 1, depth + 1)
+            c, _ = self._emit(branch, path, body, indent + 1)
             out += body or [f"{pad}    pass"]
             cost = max(cost, c)   # the largest branch is counted, whichever the bytes take
         out += [f"{pad}else:", f"{pad}    _bad_union({var}, {len(branches)}, {self.const(path)})"]
         return cost, 1
 
-    def _container(self, node: dict, path: str, out: list[str], indent: int, depth: int) -> tuple[int, int]:
+    def _container(self, node: dict, path: str, out: list[str], indent: int) -> tuple[int, int]:
         pad, inner = "    " * indent, "    " * (indent + 2)
-        count, seen = f"c{depth}", f"s{depth}"
+        count, seen = f"c{indent}", f"s{indent}"
         body: list[str] = []
         if node["type"] == "map":   # an entry: its key string, its dict entry
             key_cost, _ = self._primitive("string", f"{path}[key]", body, inner)
-            c, least = self._emit(node["values"], f"{path}[]", body, indent + 2, depth + 1)
+            c, least = self._emit(node["values"], f"{path}[]", body, indent + 2)
             item_cost, least = key_cost + c + _ENTRY, least + 1
         else:
-            c, least = self._emit(node["items"], f"{path}[]", body, indent + 2, depth + 1)
+            c, least = self._emit(node["items"], f"{path}[]", body, indent + 2)
             item_cost = c + _SLOT
         least = max(least, 1)   # check_decodable refuses zero-width items in writer schemas
         where = self.const(path)

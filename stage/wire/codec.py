@@ -96,8 +96,10 @@ class AvroCodec:
         self._named = named_types(self.schema)
         self._canonical = to_parsing_canonical_form(self.schema)
         self._check_ints = int_range_checker(self.schema)
-        self.budget = (schema_name in INPUT_RECORDS) if budget is None else budget
-        self._budget = DecodeBudget(self.schema, schema_name) if self.budget else None
+        if budget is None:
+            budget = schema_name in INPUT_RECORDS
+        # The walk of our own schema (None: decoded without one); writers' walks by schema id.
+        self.decode_budget = DecodeBudget(self.schema, schema_name) if budget else None
         self._writer_budgets: dict[int, DecodeBudget] = {}  # schema id -> its writer's walk
         self._header: bytes | None = None  # our own id, resolved on first encode
         # schema id -> parsed writer schema, None (reads as ours), or the WireError refusing it
@@ -168,7 +170,7 @@ class AvroCodec:
         if size > self.max_record_bytes:
             raise WireError(f"{self.schema_name}: {size} bytes exceeds max_record_bytes="
                             f"{self.max_record_bytes}")
-        writer, start, budget = None, 0, self._budget
+        writer, start, budget = None, 0, self.decode_budget
         if self.framing == "confluent":
             if size < HEADER_BYTES:
                 raise WireError(f"{size} bytes is shorter than the 5-byte Confluent header")
@@ -263,7 +265,7 @@ class AvroCodec:
         check_decodable(parsed, f"schema id {schema_id}")
         if to_parsing_canonical_form(parsed) == self._canonical:
             return None
-        if self.budget:
+        if self.decode_budget is not None:
             self._writer_budgets[schema_id] = DecodeBudget(
                 parsed, f"{self.schema_name} (schema id {schema_id})", reader=self.schema)
         return parsed
