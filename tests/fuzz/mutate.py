@@ -251,24 +251,28 @@ def _tensor_mutation(rng: random.Random, tensor: dict) -> str:
     if kind == 2:
         tensor["shape"] = [1] * rng.choice((0, 4, 33, 64)) + list(shape)
         return f"{len(tensor['shape'])} dims"
-    if kind == 3:
-        tensor["data"] = data[:rng.randrange(len(data) + 1)]
-        return f"data truncated to {len(tensor['data'])}"
     if kind == 4:
         tensor["data"] = data + rng.randbytes(rng.randint(1, 64))
         return "data extended"
     if kind == 5:
-        tensor["dtype"], tensor["data"] = "bool", bytes([2]) * math.prod(max(d, 0) for d in shape)
+        count = math.prod(max(d, 0) for d in shape)
+        tensor["dtype"], tensor["data"] = "bool", bytes([2]) * (count if count < 1 << 16 else len(data))
         return "bool bytes of 2"
+    dtype = STORAGE_DTYPES[tensor["dtype"]]
+    if kind in (6, 7) and len(data) % dtype.itemsize:
+        kind = 3   # an earlier mutation left bytes that are no array of this dtype
+    if kind == 3:
+        tensor["data"] = data[:rng.randrange(len(data) + 1)]
+        return f"data truncated to {len(tensor['data'])}"
     if kind == 6:   # values out of any sane range for the dtype's role
-        arr = np.frombuffer(data, dtype=STORAGE_DTYPES[tensor["dtype"]]).copy()
+        arr = np.frombuffer(data, dtype=dtype).copy()
         if arr.size:
             arr.flat[rng.randrange(arr.size)] = (np.iinfo(arr.dtype).min if arr.dtype.kind in "iu"
                                                   else rng.choice((np.nan, np.inf, -np.inf, 3.4e38)))
         tensor["data"] = arr.tobytes()
         return "one value at its extreme"
     if kind == 7:   # negative token ids / expert ids in a signed dtype
-        arr = np.frombuffer(data, dtype=STORAGE_DTYPES[tensor["dtype"]])
+        arr = np.frombuffer(data, dtype=dtype)
         if arr.dtype.kind in "iu" and arr.size:
             signed = arr.astype(np.int64)
             signed.flat[0] = -rng.randint(1, 2**40)

@@ -88,7 +88,11 @@ class FamilyRun:
     def run(self, drivers: dict[str, Driver]) -> "FamilyRun":
         for index in cases_of(self.family):
             rng = random.Random(f"{SEED}:{self.family}:{index}")
-            case = FAMILIES[self.family](rng)
+            try:
+                case = FAMILIES[self.family](rng)
+            except Exception as error:   # a bug of the mutator, not of the stage
+                raise AssertionError(f"the {self.family} mutator failed on case {index} "
+                                     f"(FUZZ_SEED={SEED}): {type(error).__name__}: {error}") from error
             driver = drivers[case.stage]
             try:
                 with time_bound(CASE_TIMEOUT_S):
@@ -138,7 +142,7 @@ def family_run(family: str) -> FamilyRun:
         finally:
             logging.disable(logging.NOTSET)
         run = _RUNS[family]
-        print(f"\n{family}: {run.cases} cases in {time.perf_counter() - started:.1f}s, "
+        print(f"\n{family} (FUZZ_SEED={SEED}): {run.cases} cases in {time.perf_counter() - started:.1f}s, "
               f"outcomes {dict(run.outcomes.most_common(12))}")
     return _RUNS[family]
 
