@@ -188,3 +188,13 @@ def test_deeply_nested_writer_schema_is_walked_or_refused():
     budget.check(nested, 0, len(nested))
     with pytest.raises(WireError):
         budget.check(nested[:-1], 0, len(nested) - 1)
+
+
+def test_schema_too_deep_for_the_generator_is_a_wire_error():
+    node: object = "long"
+    for _ in range(3000):
+        node = {"type": "array", "items": node}
+    parsed = parse_schema({"type": "record", "name": "Deep", "fields": [{"name": "x", "type": node}]},
+                          named_schemas={})
+    with pytest.raises(WireError, match="too deeply nested to vet"):
+        DecodeBudget(parsed, "Deep")
