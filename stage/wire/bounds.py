@@ -16,7 +16,8 @@ costs its header plus its text, at most its UTF-8 length; a number its boxed siz
 dict. The text of strings and bytes, with one transient copy while it is read, is at most twice
 the input, counted once for the record.
 
-The walk is generated Python source, the whole schema inlined into one function (a varint is
+The walk is generated Python source (the schema's names appear only escaped, in comments;
+every number in it is an int the generator computed), the whole schema inlined into one function (a varint is
 skipped, not decoded; only unions and arrays nested deeper than Python's block limit allows move
 into functions of their own): ~4x cheaper than a walk of nested closures, and a fraction of the
 decode it protects (``python -m stage.bench.wire``). Each function has the signature
@@ -167,7 +168,7 @@ class _Generator:
     def function(self, node: Any, path: str) -> tuple[str, int, int]:
         """A function walking ``node``: (its name, the node's fixed cost, smallest encoding)."""
         name = f"walk_{len(self.functions)}"
-        lines = [f"def {name}(data, pos, end, acc):", f"    # {path}"]
+        lines = [f"def {name}(data, pos, end, acc):", f"    # {_comment(path)}"]
         self.functions.append(lines)
         body: list[str] = []
         cost, least = self._emit(node, path, body, 1)
@@ -199,8 +200,11 @@ class _Generator:
             out += _skip_varint(pad)
             return 0, 1
         if kind == "fixed":
-            _advance(out, pad, node["size"])
-            return _BYTES + node["size"], node["size"]
+            size = node["size"]
+            if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+                raise WireError(f"{self.what}: fixed size {size!r} is not a count of bytes")
+            _advance(out, pad, size)
+            return _BYTES + size, size
         if kind in ("array", "map"):
             return self._container(node, path, out, indent)
         cost, least = self._emit(kind, path, out, indent)   # {"type": "long", ...}
@@ -231,7 +235,7 @@ class _Generator:
         cost = _dict_cost(len(names) + len(added)) + len(added) * _DEFAULTED
         least = 0
         for f in node["fields"]:
-            out.append(f"{'    ' * indent}# .{f['name']}")
+            out.append(f"{'    ' * indent}# {_comment('.' + f['name'])}")
             c, n = self._emit(f["type"], f"{path}.{f['name']}", out, indent)
             cost, least = cost + c, least + n
         return cost, least
@@ -309,6 +313,12 @@ def _read_varint(var: str, pad: str) -> list[str]:
             f"{pad}    {var} = ({var} >> 1) ^ -({var} & 1)",
             f"{pad}else:",
             f"{pad}    {var}, pos = read_long(data, pos)"]
+
+
+def _comment(text: str) -> str:
+    """Schema text (a registry writer's names are anything fastavro accepts, newlines
+    included) made safe for a comment of the generated source: escaped, on one line."""
+    return ascii(text)[1:-1]
 
 
 def _short(name: str) -> str:

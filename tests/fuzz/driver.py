@@ -72,7 +72,6 @@ class Fate:
     reason: str = ""               # skip reason, error class, or the exception
     text: str = ""                 # the dead letter's error text
     peak_bytes: int = 0            # tracemalloc peak of its intake
-    identity: tuple = ()           # (group_id, rollout_index | staging_key) once decoded
 
 
 @dataclass

@@ -187,7 +187,8 @@ def huge_counts(rng: random.Random) -> Case:
             field = rng.choice(("labels", "result_stats"))
             item = b"\x02a\x02b" if field == "labels" else b"\x02a" + struct.pack("<d", 1.0) + b"\x02"
             count = rng.choice(HUGE + (2, 33, 129, 1000))
-            body = zigzag(count) + (zigzag(rng.randint(0, 99)) if count < 0 else b"") + item * rng.randint(0, 4) + b"\x00"
+            block_size = zigzag(rng.randint(0, 99)) if count < 0 else b""
+            body = zigzag(count) + block_size + item * rng.randint(0, 4) + b"\x00"
             data = _field_splice(record, field, body)
             note = f"{field} count {count}"
         elif kind == 1:   # a tensor's shape
@@ -540,7 +541,7 @@ def route_faults(rng: random.Random) -> Case:
             note = f"routes of shape {shape}"
         elif kind == 2:
             routes = value["routed_experts"]
-            arr = np.frombuffer(routes["data"], dtype=STORAGE_DTYPES[routes["dtype"]]).reshape(routes["shape"])
+            arr = np.frombuffer(routes["data"], STORAGE_DTYPES[routes["dtype"]]).reshape(routes["shape"])
             value["routed_experts"] = pack_tensor(arr.astype(rng.choice((np.int8, np.int32))))
             note = "routes in another dtype"
         elif kind == 3:

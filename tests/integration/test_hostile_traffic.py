@@ -15,7 +15,9 @@ from stage.wire import AvroCodec, WireError
 from stage.wire.partitioner import partition_for
 from tests.fuzz.mutate import GENERAL
 from tests.fuzz.traffic import PARTITIONS, RECEIPTS, Wire
-from tests.integration.harness import Feeder, RunningStage, read_all, setup_topics, stage_config, unique_topics
+from tests.integration.harness import (
+    Feeder, RunningStage, read_all, setup_topics, stage_config, unique_topics,
+)
 
 CASES = int(os.environ.get("HOSTILE_CASES", "60"))
 FAMILIES = sorted(set(GENERAL) - {"mixed"})   # a mix would reuse group ids across its parts
@@ -136,7 +138,8 @@ def test_every_hostile_and_valid_record_is_accounted_for_by_offset(kafka):
             assert row is not None, f"receipt {topic}[{partition}]@{offset} has no row"
             assert row["rollout_id"] == value["rollout_id"]
         elif group_id in summaries:
-            assert ledger[group_id]["max_staged_offset"] >= offset and ledger[group_id]["partition"] == partition
+            entry = ledger[group_id]
+            assert entry["partition"] == partition and entry["max_staged_offset"] >= offset
         else:
             orphaned += 1
     assert skipped == {t: copies[t] for t in skipped}, (skipped, dict(copies))

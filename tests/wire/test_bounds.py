@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from stage.bench.hostile import CASES, fields_bytes, zigzag
-from stage.bench.wire import receipt_event_record, staged_call_record
+from stage.bench.wire import receipt_event_record
 from stage.wire import INPUT_RECORDS, SMALL_RECORD_MAX_BYTES, AvroCodec, WireError, record_cap, schema_json
 from stage.wire.bounds import BUDGET_SLACK, DecodeBudget
 from tests.wire.samples import SAMPLES
@@ -198,3 +198,23 @@ def test_schema_too_deep_for_the_generator_is_a_wire_error():
                           named_schemas={})
     with pytest.raises(WireError, match="too deeply nested to vet"):
         DecodeBudget(parsed, "Deep")
+
+
+INJECTED: list = []
+
+
+def test_writer_schema_text_never_becomes_code():
+    """fastavro accepts any field name and a string as a fixed size: none of it may reach the
+    generated walk as code."""
+    code = "import tests.wire.test_bounds as t; t.INJECTED.append(1)"
+    fields = [{"name": f"x\n    {code}\n    #", "type": "long"}]
+    budget = DecodeBudget(parse_schema({"type": "record", "name": "R", "fields": fields},
+                                       named_schemas={}), "R")
+    budget.check(b"\x02", 0, 1)
+    assert INJECTED == [] and f"\n    {code}\n" not in budget.source
+    sized = [{"name": "f", "type": {"type": "fixed", "name": "F",
+                                    "size": f"1\n    {code.replace('(1)', '(2)')}\n"}}]
+    with pytest.raises(WireError, match="is not a count of bytes"):
+        DecodeBudget(parse_schema({"type": "record", "name": "S", "fields": sized},
+                                  named_schemas={}), "S")
+    assert INJECTED == []
