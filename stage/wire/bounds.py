@@ -114,6 +114,8 @@ class DecodeBudget:
             namespace = gen.compile()
         except (RecursionError, SyntaxError, MemoryError):
             raise WireError(f"{what}: the schema is too deeply nested to vet") from None
+        except (KeyError, TypeError, ValueError) as e:   # fastavro parsed something we cannot walk
+            raise WireError(f"{what}: the schema cannot be walked: {type(e).__name__}: {e}") from None
         self._scan = namespace[entry]
         self.source = gen.source()   # kept for reading: what the walk does, field by field
 
