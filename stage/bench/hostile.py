@@ -73,10 +73,10 @@ def _receipt_around(field: str, items: bytes) -> bytes:
     encoded: block counts, items, the terminating 0), every other field valid."""
     record = receipt_event_record(1)
     return (fields_bytes("ReceiptEvent", record, None, field) + items
-            + fields_bytes("ReceiptEvent", record, _next_field("ReceiptEvent", field), None))
+            + fields_bytes("ReceiptEvent", record, next_field("ReceiptEvent", field), None))
 
 
-def _next_field(name: str, field: str) -> str | None:
+def next_field(name: str, field: str) -> str | None:
     names = [f["name"] for f in json.loads(schema_json(name))["fields"]]
     i = names.index(field) + 1
     return names[i] if i < len(names) else None
