@@ -5,7 +5,7 @@ runtime's own intake step and ``finalize_and_encode`` (tests/fuzz/driver.py) and
 invariants (tests/fuzz/invariants.py). Every case is bounded in time (a hang fails it) and in
 memory (tracemalloc per record).
 
-    FUZZ_CASES=100000 .venv/bin/python -m pytest -q tests/fuzz      # the long run (~30 min)
+    FUZZ_CASES=100000 .venv/bin/python -m pytest -q tests/fuzz      # the long run (~35 min)
     FUZZ_SEED=7 ...                 # another seed (default 18; "random" draws one and prints it)
     FUZZ_CASE=bit_flips:123 ...     # replay one case of a failure report
 
