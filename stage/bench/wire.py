@@ -4,7 +4,8 @@ Cases (the figures in docs/schemas.md): a StagedCall with a 512-token delta (Gym
 uint64/float64 columns, and compact uint32/float32 ones), the same with a 512x48x8 int16 route
 fragment, and a ReceiptEvent whose receipt names 32 calls. Each is
 timed through ``AvroCodec`` (validation and every decode check included) and through bare
-fastavro schemaless write/read, so the cost of the checks is visible. ``--json`` for a report.
+fastavro schemaless write/read, so the cost of the checks is visible; the decode budget's walk
+(stage.wire.bounds, part of the decode) is also timed alone. ``--json`` for a report.
 The record builders are reused by tests/wire/samples.py.
 """
 
@@ -87,10 +88,12 @@ def _case(name: str, schema_name: str, record: dict) -> dict:
     def raw_write():
         schemaless_writer(io.BytesIO(), codec.schema, record)
 
+    budget = codec.decode_budget
     row = {"case": name, "bytes": len(data)}
     for label, fn in (("encode", lambda: codec.encode(record)), ("decode", lambda: codec.decode(data)),
                       ("raw_write", raw_write),
-                      ("raw_read", lambda: schemaless_reader(io.BytesIO(data), codec.schema, None))):
+                      ("raw_read", lambda: schemaless_reader(io.BytesIO(data), codec.schema, None)),
+                      ("budget_walk", lambda: budget.check(data, 0, len(data)))):
         t = time_per_call(fn, min_seconds=0.4)["median_s"]
         row[f"{label}_us"] = t * 1e6
         row[f"{label}_per_s"] = 1 / t
@@ -116,13 +119,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(f"# Python {platform.python_version()}, {platform.machine()}, one thread, median of 5 rounds")
     print("| case | bytes | encode us (rec/s, MB/s) | decode us (rec/s, MB/s) "
-          "| bare fastavro write / read us |")
-    print("|---|---|---|---|---|")
+          "| bare fastavro write / read us | of the decode: budget walk us |")
+    print("|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['case']} | {r['bytes']:,} "
               f"| {r['encode_us']:.1f} ({r['encode_per_s']:,.0f}, {r['encode_MBps']:,.0f}) "
               f"| {r['decode_us']:.1f} ({r['decode_per_s']:,.0f}, {r['decode_MBps']:,.0f}) "
-              f"| {r['raw_write_us']:.1f} / {r['raw_read_us']:.1f} |")
+              f"| {r['raw_write_us']:.1f} / {r['raw_read_us']:.1f} | {r['budget_walk_us']:.1f} |")
     return 0
 
 

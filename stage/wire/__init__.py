@@ -19,9 +19,11 @@ from stage.config.topics import (
 
 from .codec import (
     DEFAULT_MAX_RECORD_BYTES,
+    INPUT_RECORDS,
     SMALL_RECORD_MAX_BYTES,
     AvroCodec,
     default_max_record_bytes,
+    record_cap,
 )
 from .errors import RegistryError, SchemaNotCached, WireError
 from .schemas import SCHEMAS_DIR_ENV, schema, schema_json, schema_names, schemas_dir
@@ -33,6 +35,7 @@ __getattr__, __dir__ = lazy_exports(__name__, globals(), {
 
 __all__ = [
     "AvroCodec", "DEFAULT_MAX_RECORD_BYTES", "SMALL_RECORD_MAX_BYTES", "default_max_record_bytes",
+    "INPUT_RECORDS", "record_cap",
     "RegistryError", "SchemaNotCached", "WireError",
     "SCHEMAS_DIR_ENV", "schema", "schema_json", "schema_names", "schemas_dir",
     "STORAGE_DTYPES", "pack_tensor", "unpack_tensor", "unpack_torch",

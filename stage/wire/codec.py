@@ -1,11 +1,13 @@
 """Avro record codec: plain schemaless binary or Confluent Schema Registry framing.
 
 Decoding input is untrusted: whatever the bytes are, ``decode`` returns a schema-valid dict
-or raises ``WireError``. The defences, in order: a byte cap before anything is read; the
-5-byte header; writer schemas vetted by ``check_decodable`` (no recursion, no zero-width array
-items) before use; fastavro reading from a BytesIO, whose ``read(n)`` returns at most what the
-input holds, so a length prefix claiming 2^60 bytes or items fails at end-of-input without
-allocating for the claim; no trailing bytes; and a range check of ``int`` fields, because
+or raises ``WireError``. The defences, in order: a byte cap before anything is read (the
+record kind's own cap: ``record_cap``); the 5-byte header; writer schemas vetted by
+``check_decodable`` (no recursion, no zero-width array items) before use; for the input records,
+the decode budget (``stage.wire.bounds``): a walk of the bytes that refuses lengths and counts
+the input cannot hold and records whose decoded objects would exceed 16x their size + 64 KiB,
+before fastavro builds anything; fastavro reading from a BytesIO, whose ``read(n)`` returns at
+most what the input holds; no trailing bytes; and a range check of ``int`` fields, because
 fastavro's reader accepts 2^40 in a 32-bit field (a Java reader would not). Enum and union
 values need no check: whatever index fastavro reads, it returns a value of the schema.
 """
@@ -22,6 +24,7 @@ from fastavro import parse_schema, schemaless_reader, schemaless_writer
 from fastavro.schema import to_parsing_canonical_form
 from fastavro.validation import validate
 
+from .bounds import DecodeBudget
 from .errors import RegistryError, SchemaNotCached, WireError
 from .guard import check_decodable, find_error, int_range_checker, named_types
 from .schemas import schema, schema_json
@@ -35,6 +38,14 @@ HEADER_BYTES = 5
 DEFAULT_MAX_RECORD_BYTES = 64 * 1024 * 1024
 SMALL_RECORD_MAX_BYTES = 8 * 1024 * 1024
 _TENSOR_RECORDS = frozenset(("StagedCall", "CanonicalRow", "PackedTensor"))
+# A kind's own cap, whatever max_record_bytes the codec is given (the runtime gives every codec
+# the stage's max_record_bytes, sized for tensor records): a receipt is token-free, and its
+# 8 MiB is what keeps its decoded manifest and per-label metrics bounded.
+_KIND_CAPS = {"ReceiptEvent": SMALL_RECORD_MAX_BYTES}
+# The records producers write: untrusted, so decoded under the budget (stage.wire.bounds).
+# The stage's own outputs are not: a GroupSummary of many short rejections legitimately
+# decodes to ~20x its bytes.
+INPUT_RECORDS = frozenset(("StagedCall", "ReceiptEvent"))
 
 
 _MISSING_ID_TTL_S = 30.0  # re-ask the registry about an unknown id after this long
@@ -45,27 +56,36 @@ def default_max_record_bytes(schema_name: str) -> int:
     return DEFAULT_MAX_RECORD_BYTES if schema_name in _TENSOR_RECORDS else SMALL_RECORD_MAX_BYTES
 
 
+def record_cap(schema_name: str, max_record_bytes: int | None = None) -> int:
+    """The byte cap a codec of ``schema_name`` applies: ``max_record_bytes`` (default:
+    ``default_max_record_bytes``), never above the kind's own cap (ReceiptEvent: 8 MiB)."""
+    if max_record_bytes is None:
+        max_record_bytes = default_max_record_bytes(schema_name)
+    return min(max_record_bytes, _KIND_CAPS.get(schema_name, max_record_bytes))
+
+
 class AvroCodec:
     """Encode/decode one record type of the contract (``schema_name``, e.g. "StagedCall").
 
     ``framing="confluent"`` needs a ``registry`` (a confluent_kafka SchemaRegistryClient); the
     writer also needs ``subject`` (TopicNameStrategy: ``"<topic>-value"``) and registers the
     schema there on first use (``auto_register=False``: only look it up). Both cache the id.
-    ``max_record_bytes`` caps both directions (default: ``default_max_record_bytes``).
+    ``max_record_bytes`` caps both directions (default: ``default_max_record_bytes``; never
+    above the kind's own cap, see ``record_cap``). ``budget`` (default: on for the
+    ``INPUT_RECORDS``) walks the bytes before decoding them (``stage.wire.bounds``).
     Safe to share between threads: caches only ever gain correct entries.
     """
 
     def __init__(self, schema_name: str, *, framing: str = "plain", registry: Any = None,
                  subject: str | None = None, auto_register: bool = True,
-                 max_record_bytes: int | None = None) -> None:
+                 max_record_bytes: int | None = None, budget: bool | None = None) -> None:
         if framing not in ("plain", "confluent"):
             raise ValueError(f"framing must be 'plain' or 'confluent', got {framing!r}")
         if framing == "confluent" and registry is None:
             raise ValueError("confluent framing needs a Schema Registry client (registry=...)")
-        if max_record_bytes is None:
-            max_record_bytes = default_max_record_bytes(schema_name)
-        if max_record_bytes <= 0:
+        if max_record_bytes is not None and max_record_bytes <= 0:
             raise ValueError("max_record_bytes must be positive")
+        max_record_bytes = record_cap(schema_name, max_record_bytes)
         self.schema_name = schema_name
         self.framing = framing
         self.registry = registry
@@ -76,6 +96,11 @@ class AvroCodec:
         self._named = named_types(self.schema)
         self._canonical = to_parsing_canonical_form(self.schema)
         self._check_ints = int_range_checker(self.schema)
+        if budget is None:
+            budget = schema_name in INPUT_RECORDS
+        # The walk of our own schema (None: decoded without one); writers' walks by schema id.
+        self.decode_budget = DecodeBudget(self.schema, schema_name) if budget else None
+        self._writer_budgets: dict[int, DecodeBudget] = {}  # schema id -> its writer's walk
         self._header: bytes | None = None  # our own id, resolved on first encode
         # schema id -> parsed writer schema, None (reads as ours), or the WireError refusing it
         self._writers: dict[int, Any] = {}
@@ -145,14 +170,19 @@ class AvroCodec:
         if size > self.max_record_bytes:
             raise WireError(f"{self.schema_name}: {size} bytes exceeds max_record_bytes="
                             f"{self.max_record_bytes}")
-        writer, start = None, 0
+        writer, start, budget = None, 0, self.decode_budget
         if self.framing == "confluent":
             if size < HEADER_BYTES:
                 raise WireError(f"{size} bytes is shorter than the 5-byte Confluent header")
             if data[0] != MAGIC:
                 raise WireError(f"magic byte 0x{data[0]:02x} is not 0x00 (Confluent v0 "
                                 "framing; the v1 GUID framing is not supported)")
-            writer, start = self._writer_schema(int.from_bytes(data[1:5], "big"), fetch), HEADER_BYTES
+            schema_id = int.from_bytes(data[1:5], "big")
+            writer, start = self._writer_schema(schema_id, fetch), HEADER_BYTES
+            if writer is not None and budget is not None:
+                budget = self._writer_budgets[schema_id]
+        if budget is not None:
+            budget.check(data, start, size)
         buf = io.BytesIO(data)
         buf.seek(start)
         try:
@@ -233,7 +263,12 @@ class AvroCodec:
         except Exception as e:
             raise WireError(f"schema id {schema_id} is not a valid Avro schema: {e}") from None
         check_decodable(parsed, f"schema id {schema_id}")
-        return None if to_parsing_canonical_form(parsed) == self._canonical else parsed
+        if to_parsing_canonical_form(parsed) == self._canonical:
+            return None
+        if self.decode_budget is not None:
+            self._writer_budgets[schema_id] = DecodeBudget(
+                parsed, f"{self.schema_name} (schema id {schema_id})", reader=self.schema)
+        return parsed
 
 
 def _registry_error(what: str, e: Exception) -> RegistryError:

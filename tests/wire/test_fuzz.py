@@ -130,7 +130,8 @@ RECEIPT_HEAD = {"group_id": "g", "rollout_id": "r", "rollout_index": 0, "group_s
                 "prompt_idx": 0, "reward": 0.0, "mask_sample": False, "loss_multiplier": 1.0,
                 "fallback_weight_version": 0, "canonical_sample_id": None, "labels": [],
                 "result_stats": []}
-# name -> (schema, bytes, what the error must show: the reader ran out of *input*)
+# name -> (schema, bytes, what the error must show: the reader ran out of *input*, or the
+# decode budget of an input record refused the claim before reading)
 BOMBS = {
     "bytes length 2^60": ("PackedTensor", b"\x02\x00" + zigzag(2**60) + b"abc",
                           "Expected 1152921504606846976 bytes, read 3"),
@@ -144,7 +145,8 @@ BOMBS = {
     # receipt present (union 1), versions 2/2/1, rollout_id "r", reward and terminal null
     "manifest of 2^60 calls": (
         "ReceiptEvent", prefix("ReceiptEvent", RECEIPT_HEAD, "receipt") + b"\x02\x04\x04\x02"
-        + zigzag(1) + b"r\x00\x00" + zigzag(2**60) + call_record_item() * 50, "EOFError"),
+        + zigzag(1) + b"r\x00\x00" + zigzag(2**60) + call_record_item() * 50,
+        "manifest: a block claims 1152921504606846976 items of at least 20 bytes"),
     "metrics map of 2^60 entries": (
         "GroupSummary", prefix("GroupSummary", {**SUMMARY, "rejections": [], "staging_keys": []},
                                "metrics") + zigzag(2**60) + (b"\x02a" + bytes(8)) * 50, "EOFError"),
