@@ -4,9 +4,17 @@ Intake (poll thread) only checks what the buffer needs: ids and declared sizes. 
 conversion (tensor layouts, Gym's model rules, the call digest) runs when finalization fetches
 the row, off the poll thread; a row that fails it rejects its rollout as invalid_staging_row,
 as a failed staged-row read does in NeMo RL.
+
+A stage that never reads route payloads (deferred router replay: the policy fetches fragments
+by their Kafka coordinates; router replay off) releases them at intake (``keep_routes=False``):
+the route tensors' checks run there and what finalization needs of them (the fragment's row
+count, or the check's error) stays in a ``ReleasedRoutes``; the bytes go. Finalization then
+sees exactly what it would have seen, in the same order, without the payload.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -23,20 +31,60 @@ _TOKEN_DTYPES = ("uint32", "uint64", "int32", "int64")
 _FLOAT_DTYPES = ("float32", "float64")
 _ROUTE_DTYPES = ("int8", "int16", "int32")
 _PIXEL_DTYPES = ("float16", "float32", "bfloat16")
+_ROUTE_FIELDS = ("routed_experts", "routed_experts_boundary")
+RELEASED_ROUTES = "released_routes"   # the key a released record keeps its ReleasedRoutes under
+# Python objects of a decoded StagedCall beyond its tensor bytes (dicts, ids, digests, shapes):
+# ~3.1 kB measured with tracemalloc (tests/decode/test_staged_routes.py keeps it honest).
+DECODED_OVERHEAD_BYTES = 3_200
 _SNAPSHOT_FIELDS = ("schema_version", "digest_version", "extras_digest_version", "rollout_id",
                     "model_call_id", "parent_call_id", "mode", "prev_len", "delta_len", "cum_len",
                     "weight_version", "digest", "extras_digest", "chain_hash", "cumulative_hash")
 
 
+@dataclass(frozen=True)
+class ReleasedRoutes:
+    """What is left of a record's route tensors once their bytes are released."""
+
+    routed_len: int           # rows of the fragment (0: the call staged none)
+    error: str | None = None  # the route checks' error text, raised again at finalization
+
+
 def staged_item(record: dict, position: Position, nbytes: int,
-                limits: InputLimits = InputLimits()) -> StagedItem:
+                limits: InputLimits = InputLimits(), *, keep_routes: bool = True) -> StagedItem:
+    """``nbytes`` is the record's size on the wire; the item counts what it holds: that, less
+    any released route bytes, plus the decoded objects' overhead."""
     group_id = _identifier(record.get("group_id"), "group_id", limits)
     key = _identifier(record.get("staging_key"), "staging_key", limits)
     delta = record.get("delta_len")
     if not isinstance(delta, int) or not 0 < delta <= limits.max_delta_tokens:
         raise DecodeError(f"must be in 1..{limits.max_delta_tokens}, got {delta!r}", field="delta_len")
+    held = nbytes + DECODED_OVERHEAD_BYTES
+    if not keep_routes:
+        held -= release_routes(record, limits)
     return StagedItem(group_id=group_id, staging_key=key, payload=record, position=position,
-                      nbytes=nbytes)
+                      nbytes=held)
+
+
+def release_routes(record: dict, limits: InputLimits = InputLimits()) -> int:
+    """Check the route tensors now, keep the outcome, drop their bytes; returns bytes freed."""
+    present = [name for name in _ROUTE_FIELDS if record.get(name) is not None]
+    if not present:
+        return 0
+    freed = sum(_data_size(record[name]) for name in present)
+    try:
+        routes, _boundary = _route_tensors(record, limits)
+        released = ReleasedRoutes(0 if routes is None else int(routes.shape[0]))
+    except ValueError as error:   # WireError included: the text is what a rejection names
+        released = ReleasedRoutes(0, str(error))
+    for name in present:
+        record[name] = None
+    record[RELEASED_ROUTES] = released
+    return freed
+
+
+def _data_size(tensor) -> int:
+    data = tensor.get("data") if isinstance(tensor, dict) else None
+    return len(data) if isinstance(data, (bytes, bytearray)) else 0
 
 
 def _column(record: dict, name: str, dtypes, length: int) -> np.ndarray:
@@ -61,6 +109,25 @@ def staged_row(record: dict, limits: InputLimits = InputLimits()) -> StagedRow:
     encoding = record.get("route_encoding", ROUTE_ENCODING_NONE)
     if encoding not in (ROUTE_ENCODING_NONE, ROUTE_ENCODING_ENVELOPE, ROUTE_ENCODING_LIST):
         raise ValueError(f"unknown route encoding {encoding!r}")
+    released = record.get(RELEASED_ROUTES)
+    if released is not None:   # checked at intake, in this same order: its outcome only
+        if released.error is not None:
+            raise ValueError(released.error)
+        routes = boundary = None
+        routed = released.routed_len
+    else:
+        routes, boundary = _route_tensors(record, limits)
+        routed = None if routes is None else int(routes.shape[0])
+    return StagedRow(
+        snapshot=snapshot, route_encoding=encoding if routed else ROUTE_ENCODING_NONE,
+        routes=routes, boundary_routes=boundary, released_route_len=None if released is None else routed,
+        extras_metadata_json=record.get("extras_metadata_json", "null").encode("utf-8"),
+        media=_media(record.get("media"), limits), topk=_topk(record.get("topk"), limits))
+
+
+def _route_tensors(record: dict, limits: InputLimits):
+    """The route fragment [delta_len, L, K] and boundary [1, L, K] views, or ValueError."""
+    delta = record["delta_len"]
     routes = boundary = None
     if record.get("routed_experts") is not None:
         routes = unpack_tensor(record["routed_experts"], expect_dtypes=_ROUTE_DTYPES, expect_ndim=3,
@@ -73,11 +140,7 @@ def staged_row(record: dict, limits: InputLimits = InputLimits()) -> StagedRow:
                                  expect_ndim=3, field="routed_experts_boundary")
         if boundary.shape[0] != 1:
             raise ValueError(f"routed_experts_boundary must be one token row, got {tuple(boundary.shape)}")
-    return StagedRow(
-        snapshot=snapshot, route_encoding=encoding if routes is not None else ROUTE_ENCODING_NONE,
-        routes=routes, boundary_routes=boundary,
-        extras_metadata_json=record.get("extras_metadata_json", "null").encode("utf-8"),
-        media=_media(record.get("media"), limits), topk=_topk(record.get("topk"), limits))
+    return routes, boundary
 
 
 def _media(obj, limits: InputLimits) -> StagedMedia | None:

@@ -46,6 +46,8 @@ class StagedRow:
     extras_metadata_json: bytes = b"null"
     media: StagedMedia | None = None
     topk: TopK | None = None
+    # The route payload was released at intake (a stage that never reads it): its row count.
+    released_route_len: int | None = None
 
     @property
     def staging_key(self) -> str:
@@ -53,11 +55,16 @@ class StagedRow:
 
     @property
     def routed_len(self) -> int:
+        if self.released_route_len is not None:
+            return self.released_route_len
         return 0 if self.routes is None else int(self.routes.shape[0])
 
     def fragment(self) -> RouteFragment | None:
         if self.route_encoding == ROUTE_ENCODING_NONE:
             return None
+        if self.released_route_len is not None:
+            raise KeyError("staged row's route payload was released at intake (this stage "
+                           "keeps no route payloads: deferred router replay or none)")
         if self.routes is None:
             raise KeyError("staged row metadata names routed_experts but its field is absent")
         # copies: staged arrays may be read-only views of the wire buffer
