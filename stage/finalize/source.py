@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
-import torch
 
 from stage.contract import StagedCallBaseSnapshot, StagedCallRecord, decode_routed_experts
 from stage.finalize.media import StagedMedia
@@ -26,7 +25,7 @@ from stage.routes import (
     RouteFragment,
     encode_extras_metadata_json,
 )
-from stage.routes.fragment import metadata_boundary_index, parse_extras_metadata
+from stage.routes.fragment import metadata_boundary_index, parse_extras_metadata, readonly_tensor
 
 
 @dataclass(frozen=True, eq=False)
@@ -67,9 +66,10 @@ class StagedRow:
                            "keeps no route payloads: deferred router replay or none)")
         if self.routes is None:
             raise KeyError("staged row metadata names routed_experts but its field is absent")
-        # copies: staged arrays may be read-only views of the wire buffer
-        boundary = None if self.boundary_routes is None else torch.tensor(self.boundary_routes)
-        return RouteFragment(routes=torch.tensor(self.routes), encoding=self.route_encoding,
+        # views, no copy: staged arrays are read-only views of the wire buffer, which the
+        # integrity check and the executor only read
+        boundary = None if self.boundary_routes is None else readonly_tensor(self.boundary_routes)
+        return RouteFragment(routes=readonly_tensor(self.routes), encoding=self.route_encoding,
                              extras_metadata_json=self.extras_metadata_json,
                              boundary_routes=boundary)
 

@@ -10,6 +10,8 @@ from stage.routes.executor import (
     build_group_route_tensor,
     execute_direct_plan,
     execute_route_plan,
+    group_route_rows,
+    pad_route_rows,
 )
 from stage.routes.fragment import (
     RouteFragment,
@@ -46,6 +48,8 @@ __all__ = [
     "encoded_route_plan_size_bytes",
     "execute_direct_plan",
     "execute_route_plan",
+    "group_route_rows",
+    "pad_route_rows",
     "loads_route_plan",
     "placeholder_route_plan",
     "rebuild_route_extras",

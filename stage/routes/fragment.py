@@ -36,6 +36,17 @@ class RouteFragment:
     boundary_routes: torch.Tensor | None = None  # v3 sidecar [1, L, K]
 
 
+def readonly_tensor(array) -> torch.Tensor:
+    """A CPU tensor over a read-only array's memory, no copy (staged route tensors are views of
+    the decoded record's bytes). torch has no read-only tensors: nothing may write to it (the
+    executor and the integrity check only read). numpy < 2.1 cannot export read-only memory:
+    then a private copy."""
+    try:
+        return torch.from_dlpack(array)
+    except (BufferError, TypeError, RuntimeError):
+        return torch.from_numpy(array.copy())
+
+
 def encode_extras_metadata_json(extras: Mapping[str, Any] | None) -> bytes:
     """Canonical staged metadata: the call's extras minus the route payloads (staged as
     tensors beside it), sorted keys, compact, UTF-8; literally ``null`` for no extras."""

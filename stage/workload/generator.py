@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from stage.contract import CallRecord, RolloutReceipt, StagedCallRecord, encode_routed_experts
-from stage.contract.producer import RolloutBuilder
+from stage.contract import CallRecord, RolloutReceipt, RouteEnvelope, StagedCallRecord
+from stage.contract.producer import RolloutBuilder, StagedCall
 from stage.finalize import StagedMedia, TopK
 from stage.routes import (
     ROUTED_EXPERTS_BOUNDARY_FIELD,
@@ -117,9 +117,14 @@ class CallSpec:
     routed_experts_boundary: np.ndarray | None  # [1, L, K] in route_dtype
     media: StagedMedia | None
     topk: TopK | None
-    record: StagedCallRecord
+    staged: StagedCall                         # snapshot + extras (route envelopes as parts)
     manifest_row: CallRecord
     route_dtype: str = "int16"                 # the dtype its worker stages routes in
+
+    @property
+    def record(self) -> StagedCallRecord:
+        """The Gym record (its envelope strings written out on first use)."""
+        return self.staged.record
 
     @property
     def staging_key(self) -> str:
@@ -296,10 +301,10 @@ class _RolloutMaker:
             layers, k = cfg.routes
             dtype = self.route_dtype   # held in the staged dtype: agentic groups carry GBs of routes
             routes = rng.integers(0, cfg.num_experts, (delta, layers, k)).astype(dtype)
-            extras = {ROUTED_EXPERTS_FIELD: encode_routed_experts(routes, dtype)}
+            extras = {ROUTED_EXPERTS_FIELD: RouteEnvelope.of(routes, dtype)}
             if parent is not None and cfg.boundary_routes:
                 boundary = rng.integers(0, cfg.num_experts, (1, layers, k)).astype(dtype)
-                extras[ROUTED_EXPERTS_BOUNDARY_FIELD] = encode_routed_experts(boundary, dtype)
+                extras[ROUTED_EXPERTS_BOUNDARY_FIELD] = RouteEnvelope.of(boundary, dtype)
                 # the parent's last token, in the canonical row's coordinates
                 extras[ROUTED_EXPERTS_BOUNDARY_INDEX_FIELD] = self.lengths[parent] - 1
         topk = None
@@ -313,7 +318,7 @@ class _RolloutMaker:
             response_id=f"resp-{self.builder.rollout_id}-{call_id}")
         self.lengths[call_id] = (self.lengths[parent] if parent else 0) + delta
         spec = CallSpec(call_id, parent, role, np.asarray(prompt_delta, np.uint64), generated,
-                        logprobs, self.version, routes, boundary, media, topk, staged.record,
+                        logprobs, self.version, routes, boundary, media, topk, staged,
                         staged.manifest_row, self.route_dtype)
         self.calls.append(spec)
         return spec
