@@ -83,14 +83,19 @@ def _anchors(inputs: GroupInputs, codec_map: dict) -> dict:
 
 
 def _scaling(groups: list[GroupInputs], mode: str, workers: int, device: str) -> list[dict]:
-    """Groups per second through decode + finalize + encode with 1..workers threads / processes."""
+    """Groups per second through decode + finalize + encode with 1..workers threads / processes
+    (each process with torch's threads as this one's)."""
+    import torch
+    threads = torch.get_num_threads()
     out = []
     for kind in ("thread", "process"):
         for k in range(1, workers + 1):
             if kind == "thread":
                 pool = concurrent.futures.ThreadPoolExecutor(k)
             else:  # spawn: a fork of a process that imported torch may inherit its threads' locks
-                pool = concurrent.futures.ProcessPoolExecutor(k, mp_context=multiprocessing.get_context("spawn"))
+                pool = concurrent.futures.ProcessPoolExecutor(
+                    k, mp_context=multiprocessing.get_context("spawn"),
+                    initializer=P.set_torch_threads, initargs=(threads,))
             with pool:
                 list(pool.map(P.warm_worker, range(k)))          # start-up (imports) not timed
                 started = time.perf_counter()
@@ -108,7 +113,8 @@ def _scaling(groups: list[GroupInputs], mode: str, workers: int, device: str) ->
 
 def run(*, as_json: bool = False, repeats: int = 3, profile: str = DEFAULT, groups: int = 1,
         modes=tuple(P.MODES), workers: int = 0, workers_mode: str | None = None, n: int = 8,
-        calls: int = 32, tokens: int = 512, layers: int = 48, topk: int = 8, device: str = "cpu") -> dict:
+        calls: int = 32, tokens: int = 512, layers: int = 48, topk: int = 8, device: str = "cpu",
+        torch_threads: int = 0) -> dict:
     # Calls staged without a turn-boundary sidecar make the plan builder warn once per child
     # call ("legacy captured call"): correct, and noise for a benchmark.
     logging.getLogger("stage.routes.builder").setLevel(logging.ERROR)
@@ -131,7 +137,9 @@ def run(*, as_json: bool = False, repeats: int = 3, profile: str = DEFAULT, grou
     if workers:
         mode = workers_mode or ("direct" if "direct" in modes else modes[0])
         scaling = {"mode": mode, "results": _scaling(inputs, mode, workers, device)}
+    import torch
     report = {"benchmark": "finalize", "profile": profile, "profile_line": line, "device": device,
+              "torch_threads": torch.get_num_threads(),
               "repeats": repeats, "build_s": build_s, "load_before": load_before,
               "load_after": P.load_average(), "groups": per_group, "scaling": scaling}
     print(json.dumps(report, indent=2) if as_json else render(report))
@@ -154,8 +162,8 @@ def _ratios(entry: dict) -> None:
 
 
 def render(report: dict) -> str:
-    lines = [f"bench finalize: {report['profile_line']}; device {report['device']}, "
-             f"median of {report['repeats']}; machine load {report['load_before']}"]
+    lines = [f"bench finalize: {report['profile_line']}; device {report['device']}, torch threads "
+             f"{report['torch_threads']}, median of {report['repeats']}; machine load {report['load_before']}"]
     for g in report["groups"]:
         a = g["anchors"]
         lines.append(f"group {g['group_id']}: {g['rollouts']} rollouts, {g['calls']} calls, {g['tokens']:,} tokens, "

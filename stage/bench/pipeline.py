@@ -99,7 +99,12 @@ def _worker_codecs() -> dict:
     return _CODECS
 
 
-def warm_worker() -> int:
+def set_torch_threads(count: int) -> None:
+    import torch
+    torch.set_num_threads(count)
+
+
+def warm_worker(_index: int = 0) -> int:
     _worker_codecs()
     return os.getpid()
 
