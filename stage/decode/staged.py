@@ -125,6 +125,29 @@ def staged_row(record: dict, limits: InputLimits = InputLimits()) -> StagedRow:
         media=_media(record.get("media"), limits), topk=_topk(record.get("topk"), limits))
 
 
+def staged_route_fragment(record: dict, limits: InputLimits = InputLimits()):
+    """(staging key, RouteFragment or None) of a decoded StagedCall, for a reader that replays
+    routes only: identity, route encoding and the route tensors' layout are checked (ValueError);
+    the token columns are not re-verified (the stage verified this very record before it named
+    its coordinates in a plan), and the fragment's integrity is its extras digest, which the
+    route executor checks against the plan. The tensors are views of the record's bytes."""
+    from stage.routes.fragment import RouteFragment, readonly_tensor
+    rollout_id, call_id = record.get("rollout_id"), record.get("model_call_id")
+    if not (isinstance(rollout_id, str) and rollout_id and isinstance(call_id, str) and call_id):
+        raise ValueError("staged call without rollout_id and model_call_id")
+    key = f"{rollout_id}/{call_id}"
+    encoding = record.get("route_encoding", ROUTE_ENCODING_NONE)
+    if encoding not in (ROUTE_ENCODING_NONE, ROUTE_ENCODING_ENVELOPE, ROUTE_ENCODING_LIST):
+        raise ValueError(f"unknown route encoding {encoding!r}")
+    routes, boundary = _route_tensors(record, limits)
+    if routes is None or encoding == ROUTE_ENCODING_NONE:
+        return key, None
+    return key, RouteFragment(
+        routes=readonly_tensor(routes), encoding=encoding,
+        extras_metadata_json=record.get("extras_metadata_json", "null").encode("utf-8"),
+        boundary_routes=None if boundary is None else readonly_tensor(boundary))
+
+
 def _route_tensors(record: dict, limits: InputLimits):
     """The route fragment [delta_len, L, K] and boundary [1, L, K] views, or ValueError."""
     delta = record["delta_len"]
