@@ -26,7 +26,7 @@ GROUP_ID = "g-000042"
 
 
 def staged_call_record(delta_len: int = 512, *, routes: tuple[int, int] | None = None,
-                       compact: bool = False, seed: int = 0) -> dict:
+                       compact: bool = False, seed: int = 0, route_dtype: str = "int16") -> dict:
     """StagedCall of a root call staged by Gym's producer rules (real digests and hashes);
     ``routes=(L, K)`` attaches a delta_len x L x K int16 route fragment (nrlre1-encoded).
     ``compact``: uint32 ids and float32 mask/logprobs instead of Gym's uint64/float64 (the
@@ -50,7 +50,7 @@ def staged_call_record(delta_len: int = 512, *, routes: tuple[int, int] | None =
         generation_log_probs_delta=pack_tensor(lps))
     if routes is not None:
         layers, k = routes
-        fragment = rng.integers(0, 128, (delta_len, layers, k)).astype(np.int16)
+        fragment = rng.integers(0, 128, (delta_len, layers, k)).astype(route_dtype)
         record.update(route_encoding=1, routed_experts=pack_tensor(fragment),
                       extras_metadata_json='{"routed_experts_boundary_index":null}')
     return record
@@ -98,23 +98,44 @@ def _case(name: str, schema_name: str, record: dict) -> dict:
     return row
 
 
-def run() -> list[dict]:
-    return [
-        _case("StagedCall, 512-token delta", "StagedCall", staged_call_record(512)),
-        _case("StagedCall, 512-token delta, compact dtypes", "StagedCall",
-              staged_call_record(512, compact=True)),
-        _case("StagedCall, 512-token delta + 512x48x8 int16 routes", "StagedCall",
-              staged_call_record(512, routes=(48, 8))),
-        _case("ReceiptEvent, 32-call manifest", "ReceiptEvent", receipt_event_record(32)),
-    ]
+def run(profile: str = "default") -> list[dict]:
+    if profile == "default":
+        return [
+            _case("StagedCall, 512-token delta", "StagedCall", staged_call_record(512)),
+            _case("StagedCall, 512-token delta, compact dtypes", "StagedCall",
+                  staged_call_record(512, compact=True)),
+            _case("StagedCall, 512-token delta + 512x48x8 int16 routes", "StagedCall",
+                  staged_call_record(512, routes=(48, 8))),
+            _case("ReceiptEvent, 32-call manifest", "ReceiptEvent", receipt_event_record(32)),
+        ]
+    from stage.bench.inputs import bench_profile
+    cfg = bench_profile(profile)
+    layers, k = cfg.routes or (0, 0)
+    mean_call = (cfg.rollout_tokens[0] // sum(cfg.turns) * 2) if cfg.rollout_tokens else 64
+    calls = sum(cfg.turns) // 2
+    rows = []
+    for tokens in (mean_call, 4 * mean_call):
+        for dtype in cfg.route_dtypes if layers else ():
+            rows.append(_case(f"StagedCall, {tokens}-token delta + {tokens}x{layers}x{k} {dtype} routes",
+                              "StagedCall", staged_call_record(tokens, routes=(layers, k), compact=True,
+                                                               route_dtype=dtype)))
+        if not layers:
+            rows.append(_case(f"StagedCall, {tokens}-token delta, compact dtypes", "StagedCall",
+                              staged_call_record(tokens, compact=True)))
+    rows.append(_case(f"ReceiptEvent, {calls}-call manifest", "ReceiptEvent",
+                      receipt_event_record(calls, group_size=cfg.group_size)))
+    return rows
 
 
-def main(argv: list[str] | None = None) -> int:
-    rows = run()
+def main(argv: list[str] | None = None, profile: str = "default") -> int:
+    from stage.bench.pipeline import load_average
+    load = load_average()
+    rows = run(profile)
     if "--json" in (argv if argv is not None else sys.argv[1:]):
-        print(json.dumps(rows, indent=2))
+        print(json.dumps({"benchmark": "wire", "profile": profile, "load": load, "results": rows}, indent=2))
         return 0
-    print(f"# Python {platform.python_version()}, {platform.machine()}, one thread, median of 5 rounds")
+    print(f"# Python {platform.python_version()}, {platform.machine()}, one thread, median of 5 rounds; "
+          f"profile {profile}; machine load {load}")
     print("| case | bytes | encode us (rec/s, MB/s) | decode us (rec/s, MB/s) "
           "| bare fastavro write / read us |")
     print("|---|---|---|---|---|")

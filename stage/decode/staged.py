@@ -96,16 +96,26 @@ def _column(record: dict, name: str, dtypes, length: int) -> np.ndarray:
 
 def staged_row(record: dict, limits: InputLimits = InputLimits()) -> StagedRow:
     """Full conversion; ValueError (wire layout or Gym model rules) rejects the rollout."""
+    ids, mask, logprobs = staged_columns(record)
+    snapshot = StagedCallBaseSnapshot(
+        **{name: record[name] for name in _SNAPSHOT_FIELDS},
+        token_ids_delta=ids, token_mask_delta=mask, generation_log_probs_delta=logprobs)
+    return staged_row_of(record, snapshot, limits)
+
+
+def staged_columns(record: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The token columns as Gym's types (uint64 ids, float64 masks and log-probs), checked."""
     delta = record["delta_len"]
     ids = _column(record, "token_ids_delta", _TOKEN_DTYPES, delta)
     if ids.dtype.kind == "i" and ids.size and int(ids.min()) < 0:
         raise ValueError("token_ids_delta must be non-negative")
     mask = _column(record, "token_mask_delta", _FLOAT_DTYPES, delta)
     logprobs = _column(record, "generation_log_probs_delta", _FLOAT_DTYPES, delta)
-    snapshot = StagedCallBaseSnapshot(
-        **{name: record[name] for name in _SNAPSHOT_FIELDS},
-        token_ids_delta=ids.astype(np.uint64), token_mask_delta=mask.astype(np.float64),
-        generation_log_probs_delta=logprobs.astype(np.float64))
+    return ids.astype(np.uint64), mask.astype(np.float64), logprobs.astype(np.float64)
+
+
+def staged_row_of(record: dict, snapshot: StagedCallBaseSnapshot, limits: InputLimits) -> StagedRow:
+    """What follows the snapshot: route encoding and tensors, media, top-k (in this order)."""
     encoding = record.get("route_encoding", ROUTE_ENCODING_NONE)
     if encoding not in (ROUTE_ENCODING_NONE, ROUTE_ENCODING_ENVELOPE, ROUTE_ENCODING_LIST):
         raise ValueError(f"unknown route encoding {encoding!r}")
