@@ -28,7 +28,7 @@ def add_parsers(commands) -> None:
     e2e.add_argument("--profile", choices=PROFILES, default="default", help=PROFILE_HELP)
     e2e.add_argument("--groups", type=at_least(1),
                      help="groups (default: the profile's: default 300 of 4 rollouts, agentic-moe 3)")
-    e2e.add_argument("--tokens", type=at_least(1), default=128, help="delta tokens per call (profile default)")
+    e2e.add_argument("--tokens", type=at_least(1), default=128, help="delta tokens per call of the fixed case")
     e2e.add_argument("--layers", type=at_least(0),
                      help="route layers, 0 = no routes (default: the profile's: default 8, agentic-moe 48)")
     e2e.add_argument("--routes", choices=("off", "direct", "deferred"), default="off",
@@ -50,13 +50,14 @@ def add_parsers(commands) -> None:
     finalize.add_argument("--workers-mode", choices=("direct", "deferred", "no-routes"),
                           help="routes mode of the workers measurement (default: the first of --modes)")
     finalize.add_argument("--torch-threads", type=at_least(0), default=1,
-                          help="torch intra-op threads (0: torch's default, one per core)")
-    for flag, default, text in (("--rollouts", 8, "rollouts per group (profile default)"),
-                                ("--calls", 32, "calls per rollout (profile default)"),
-                                ("--tokens", 512, "delta tokens per call (profile default)"),
-                                ("--layers", 48, "MoE layers L (profile default)"),
-                                ("--topk", 8, "experts per token K (profile default)")):
+                          help="torch intra-op threads (0: as many as torch picks, one per core)")
+    for flag, default, text in (("--rollouts", 8, "rollouts per group of the fixed case"),
+                                ("--calls", 32, "calls per rollout of the fixed case"),
+                                ("--tokens", 512, "delta tokens per call of the fixed case"),
+                                ("--topk", 8, "experts per token K of the fixed case")):
         finalize.add_argument(flag, type=at_least(1), default=default, help=text)
+    finalize.add_argument("--layers", type=at_least(0),
+                          help="MoE layers L, 0 = no routes (default: the profile's; profile default 48)")
 
     wire = add_parser(which, "wire", "Avro encode/decode throughput of the hot records")
     wire.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -69,7 +70,7 @@ def add_parsers(commands) -> None:
     fetch.add_argument("--cache-mib", type=at_least(0), default=1024,
                        help="the fetcher's cache budget in MiB (DeferredRouteFetcher cache_bytes)")
     fetch.add_argument("--torch-threads", type=at_least(0), default=1,
-                       help="torch intra-op threads (0: torch's default, one per core)")
+                       help="torch intra-op threads (0: as many as torch picks, one per core)")
 
 
 def main(args) -> int:

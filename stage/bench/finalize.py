@@ -34,14 +34,15 @@ DEFAULT = "default"
 PROFILE_CHOICES = (DEFAULT, "toy", "agentic-moe")
 
 
-def groups_of(profile: str, count: int, *, layers: int = 48, topk: int = 8, n: int = 8,
+def groups_of(profile: str, count: int, *, layers: int | None = None, topk: int = 8, n: int = 8,
               calls: int = 32, tokens: int = 512) -> tuple[str, list[GroupInputs]]:
     if profile == DEFAULT:
+        layers = 48 if layers is None else layers
         line = (f"profile default: N={n} x {calls} calls x {tokens} tokens, routes L={layers} K={topk} "
                 f"int16 ({n * calls * tokens * layers * topk * 2 / 2**20:.0f} MiB a group)")
         return line, [fixed_group(n=n, calls=calls, tokens=tokens, layers=layers, topk=topk, seed=i,
                                   group_id=f"bench-{i}") for i in range(count)]
-    cfg = bench_profile(profile, groups=count)
+    cfg = bench_profile(profile, groups=count, **({} if layers is None else {"route_layers": layers}))
     return profile_line(profile, cfg), list(profile_groups(cfg, count))
 
 
@@ -113,7 +114,7 @@ def _scaling(groups: list[GroupInputs], mode: str, workers: int, device: str) ->
 
 def run(*, as_json: bool = False, repeats: int = 3, profile: str = DEFAULT, groups: int = 1,
         modes=tuple(P.MODES), workers: int = 0, workers_mode: str | None = None, n: int = 8,
-        calls: int = 32, tokens: int = 512, layers: int = 48, topk: int = 8, device: str = "cpu",
+        calls: int = 32, tokens: int = 512, layers: int | None = None, topk: int = 8, device: str = "cpu",
         torch_threads: int = 0) -> dict:
     # Calls staged without a turn-boundary sidecar make the plan builder warn once per child
     # call ("legacy captured call"): correct, and noise for a benchmark.
