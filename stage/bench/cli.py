@@ -49,6 +49,8 @@ def add_parsers(commands) -> None:
                                "(0: skip); use --groups >= 2N")
     finalize.add_argument("--workers-mode", choices=("direct", "deferred", "no-routes"),
                           help="routes mode of the workers measurement (default: the first of --modes)")
+    finalize.add_argument("--no-rss", action="store_true",
+                          help="skip the RSS of each intake (measured in a fresh process per mode)")
     finalize.add_argument("--torch-threads", type=at_least(0), default=1,
                           help="torch intra-op threads (0: as many as torch picks, one per core)")
     for flag, default, text in (("--rollouts", 8, "rollouts per group of the fixed case"),
@@ -91,7 +93,8 @@ def main(args) -> int:
         run_finalize(as_json=args.json, device=args.device, repeats=args.repeats, n=args.rollouts,
                      calls=args.calls, tokens=args.tokens, layers=args.layers, topk=args.topk,
                      profile=args.profile, groups=args.groups, modes=modes, workers=args.workers,
-                     workers_mode=args.workers_mode, torch_threads=args.torch_threads)
+                     workers_mode=args.workers_mode, torch_threads=args.torch_threads,
+                     rss=not args.no_rss)
         return 0
     if args.bench == "wire":
         from stage.bench.wire import main as wire_main

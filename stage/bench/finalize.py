@@ -46,14 +46,15 @@ def groups_of(profile: str, count: int, *, layers: int | None = None, topk: int 
     return profile_line(profile, cfg), list(profile_groups(cfg, count))
 
 
-def _measure_mode(inputs: GroupInputs, mode: str, codec_map: dict, repeats: int, device: str) -> dict:
+def _measure_mode(inputs: GroupInputs, mode: str, codec_map: dict, repeats: int, device: str,
+                  rss: bool = True) -> dict:
     keep = P.keeps_routes(mode)
+    # RSS in a fresh process: here, memory freed by earlier work would be reused and hide it
+    _buffered, rss_held = P.held_by_intake(inputs, keep) if rss else (0, 0)
     gc.collect()
-    rss_before = P.rss_bytes()
     started = time.perf_counter()
     buffer, group = P.intake(inputs, codec_map, keep_routes=keep)
     intake_s = time.perf_counter() - started
-    rss_held = P.rss_bytes() - rss_before
     samples = []
     for _ in range(repeats):
         out = P.finalize(group, mode, codec_map, device=device)
@@ -96,7 +97,7 @@ def _scaling(groups: list[GroupInputs], mode: str, workers: int, device: str) ->
             else:  # spawn: a fork of a process that imported torch may inherit its threads' locks
                 pool = concurrent.futures.ProcessPoolExecutor(
                     k, mp_context=multiprocessing.get_context("spawn"),
-                    initializer=P.set_torch_threads, initargs=(threads,))
+                    initializer=P.worker_init, initargs=(threads,))
             with pool:
                 list(pool.map(P.warm_worker, range(k)))          # start-up (imports) not timed
                 started = time.perf_counter()
@@ -115,7 +116,7 @@ def _scaling(groups: list[GroupInputs], mode: str, workers: int, device: str) ->
 def run(*, as_json: bool = False, repeats: int = 3, profile: str = DEFAULT, groups: int = 1,
         modes=tuple(P.MODES), workers: int = 0, workers_mode: str | None = None, n: int = 8,
         calls: int = 32, tokens: int = 512, layers: int | None = None, topk: int = 8, device: str = "cpu",
-        torch_threads: int = 0) -> dict:
+        torch_threads: int = 0, rss: bool = True) -> dict:
     # Calls staged without a turn-boundary sidecar make the plan builder warn once per child
     # call ("legacy captured call"): correct, and noise for a benchmark.
     logging.getLogger("stage.routes.builder").setLevel(logging.ERROR)
@@ -131,7 +132,11 @@ def run(*, as_json: bool = False, repeats: int = 3, profile: str = DEFAULT, grou
                  "input_bytes": g.nbytes, "route_bytes": g.route_bytes, "anchors": _anchors(g, codec_map),
                  "modes": {}}
         for mode in modes:
-            entry["modes"][mode] = _measure_mode(g, mode, codec_map, repeats, device)
+            entry["modes"][mode] = _measure_mode(g, mode, codec_map, repeats, device, rss)
+        if rss and g.route_bytes and any(not P.keeps_routes(m) for m in modes):
+            # what a route-less mode held before releasing payloads at intake: all of it
+            kept, kept_rss = P.held_by_intake(g, True)
+            entry["kept_routes_intake"] = {"buffered_bytes": kept, "rss_held_bytes": kept_rss}
         _ratios(entry)
         per_group.append(entry)
     scaling = None
@@ -181,6 +186,10 @@ def render(report: dict) -> str:
                 f"{r['buffered_bytes'] / 1e6:>11.1f} {r['rss_held_bytes'] / 1e6:>7.1f} {r['total_ms']:>9.1f} "
                 f"{r['verify_ms']:>7.1f} {r['ratio_verify_to_sha256']:>6.2f} {r['routes_ms']:>7.1f} "
                 f"{r['tensorize_ms']:>9.1f} {r['encode_ms']:>7.1f} {r['tokens_per_s'] / 1e6:>8.2f}")
+        kept = g.get("kept_routes_intake")
+        if kept:
+            lines.append(f"  a route-less mode keeping the route payloads (before): buffered "
+                         f"{kept['buffered_bytes'] / 1e6:,.1f} MB, RSS {kept['rss_held_bytes'] / 1e6:,.1f} MB")
         direct = g["modes"].get("direct", {})
         if "ratio_total_to_base64_sha256" in direct:
             text = f"  direct: total {direct['ratio_total_to_base64_sha256']:.2f}x the base64 + SHA-256 of its routes"

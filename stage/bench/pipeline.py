@@ -99,14 +99,38 @@ def _worker_codecs() -> dict:
     return _CODECS
 
 
-def set_torch_threads(count: int) -> None:
+def worker_init(torch_threads: int) -> None:
+    """A worker process set up as the stage's command line sets itself up."""
     import torch
-    torch.set_num_threads(count)
+
+    from stage.cli.malloc import tune_malloc
+    tune_malloc()
+    torch.set_num_threads(torch_threads)
 
 
 def warm_worker(_index: int = 0) -> int:
     _worker_codecs()
     return os.getpid()
+
+
+def intake_memory(inputs: GroupInputs, keep_routes: bool) -> tuple[int, int]:
+    """(buffered bytes, RSS held) of one group's intake, measured in the calling process: run
+    it in a fresh one (``held_by_intake``) so freed memory of earlier work does not hide it."""
+    import gc
+    codec_map = _worker_codecs()
+    gc.collect()
+    before = rss_bytes()
+    buffer, _group = intake(inputs, codec_map, keep_routes=keep_routes)
+    gc.collect()
+    return buffer.nbytes, rss_bytes() - before
+
+
+def held_by_intake(inputs: GroupInputs, keep_routes: bool) -> tuple[int, int]:
+    import concurrent.futures
+    import multiprocessing
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
+                                                initializer=worker_init, initargs=(1,)) as pool:
+        return pool.submit(intake_memory, inputs, keep_routes).result()
 
 
 # -- anchors ----------------------------------------------------------------------------------
