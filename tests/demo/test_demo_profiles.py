@@ -25,6 +25,8 @@ def test_default_demo_is_the_toy_profile():
 def test_agentic_moe_profile_sets_sizes_deferred_routes_and_a_longer_deadline():
     opts = _options("--profile", "agentic-moe")
     assert opts.route_mode == "deferred" and opts.group_timeout_ms == 120_000
+    assert opts.workload.faults.tampered_tokens == 0.005 == opts.workload.faults.garbage
+    assert _options().workload.faults.late_receipt == 0.03
     wl = opts.workload
     assert (wl.group_size, wl.routes, wl.route_dtypes, wl.rollout_tokens) == \
         (16, (48, 8), ("int8", "int16"), (32_768, 131_072))
