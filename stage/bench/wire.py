@@ -98,6 +98,45 @@ def _case(name: str, schema_name: str, record: dict) -> dict:
     return row
 
 
+def sdk_staging(tokens: int = 2048, layers: int = 48, k: int = 8, dtypes=("int8", "int16"),
+                calls: int = 12) -> list[dict]:
+    """RolloutStager.prepare of a ``tokens``-token child call with ``layers`` x ``k`` routes (and
+    its boundary route): Gym's digests plus the StagedCall value, against base64 + SHA-256 of the
+    same route bytes (what the extras digest cannot avoid)."""
+    import base64
+    import hashlib
+    import statistics
+    import time
+
+    from stage.client import RolloutStager
+    rng = np.random.default_rng(0)
+    out = []
+    for dtype in dtypes:
+        stager = RolloutStager(None, GROUP_ID, "rollout-sdk")
+        stager.prepare("c0", prompt_delta=rng.integers(0, 151_000, 64), generated=rng.integers(0, 151_000, 16),
+                       generated_logprobs=-rng.random(16), weight_version=1,
+                       routed_experts=rng.integers(0, 128, (80, layers, k)).astype(dtype), route_dtype=dtype)
+        seconds, routes = [], None
+        for i in range(calls):
+            half = tokens // 2
+            routes = rng.integers(0, 128, (tokens, layers, k)).astype(dtype)
+            kwargs = dict(prompt_delta=rng.integers(0, 151_000, half), generated=rng.integers(0, 151_000, tokens - half),
+                          generated_logprobs=-rng.random(tokens - half), weight_version=1, routed_experts=routes,
+                          routed_experts_boundary=rng.integers(0, 128, (1, layers, k)).astype(dtype),
+                          route_dtype=dtype)
+            started = time.perf_counter()
+            stager.prepare(f"c{i + 1}", parent_call_id=f"c{i}", **kwargs)
+            seconds.append(time.perf_counter() - started)
+        raw = routes.tobytes()
+        anchor = min(time_per_call(lambda: hashlib.sha256(base64.b64encode(raw)).digest(), min_seconds=0.2)
+                     ["median_s"] for _ in range(1))
+        median = statistics.median(seconds)
+        out.append({"case": f"RolloutStager.prepare, {tokens}-token call + {tokens}x{layers}x{k} {dtype} routes",
+                    "route_bytes": len(raw), "prepare_ms": median * 1e3, "base64_sha256_ms": anchor * 1e3,
+                    "ratio": median / anchor})
+    return out
+
+
 def run(profile: str = "default") -> list[dict]:
     if profile == "default":
         return [
@@ -131,8 +170,10 @@ def main(argv: list[str] | None = None, profile: str = "default") -> int:
     from stage.bench.pipeline import load_average
     load = load_average()
     rows = run(profile)
+    sdk = sdk_staging()
     if "--json" in (argv if argv is not None else sys.argv[1:]):
-        print(json.dumps({"benchmark": "wire", "profile": profile, "load": load, "results": rows}, indent=2))
+        print(json.dumps({"benchmark": "wire", "profile": profile, "load": load, "results": rows,
+                          "sdk": sdk}, indent=2))
         return 0
     print(f"# Python {platform.python_version()}, {platform.machine()}, one thread, median of 5 rounds; "
           f"profile {profile}; machine load {load}")
@@ -144,6 +185,10 @@ def main(argv: list[str] | None = None, profile: str = "default") -> int:
               f"| {r['encode_us']:.1f} ({r['encode_per_s']:,.0f}, {r['encode_MBps']:,.0f}) "
               f"| {r['decode_us']:.1f} ({r['decode_per_s']:,.0f}, {r['decode_MBps']:,.0f}) "
               f"| {r['raw_write_us']:.1f} / {r['raw_read_us']:.1f} |")
+    print("\nSDK staging (target <= 2 ms for 2k tokens with 48x8 routes), against base64 + SHA-256 of the routes:")
+    for r in sdk:
+        print(f"  {r['case']}: {r['prepare_ms']:.2f} ms; anchor {r['base64_sha256_ms']:.2f} ms "
+              f"({r['route_bytes'] / 1e6:.2f} MB); ratio {r['ratio']:.2f}")
     return 0
 
 
