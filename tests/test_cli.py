@@ -31,14 +31,47 @@ def test_bench_verify_json_report():
 
 def test_bench_finalize_small_group_json():
     proc = _run("bench", "finalize", "--json", "--repeats", "1", "--rollouts", "2", "--calls", "3",
-                "--tokens", "16", "--layers", "4", "--topk", "2")
+                "--tokens", "16", "--layers", "4", "--topk", "2", "--groups", "2", "--workers", "2")
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
-    assert report["group"]["tokens"] == 2 * 3 * 16
-    assert set(report["results"]) == {"direct", "deferred", "no-routes"}
-    assert report["results"]["no-routes"]["routes_ms"] == 0.0
-    for r in report["results"].values():
-        assert r["total_ms"] >= r["verify_ms"] > 0
+    assert report["profile"] == "default" and "N=2 x 3 calls x 16 tokens" in report["profile_line"]
+    assert report["torch_threads"] == 1 and "(1/5/15 min)" in report["load_before"]
+    group = report["groups"][0]
+    assert group["tokens"] == 2 * 3 * 16 and len(report["groups"]) == 2
+    modes = group["modes"]
+    assert set(modes) == {"direct", "deferred", "no-routes"}
+    assert modes["no-routes"]["routes_ms"] == 0.0
+    for r in modes.values():
+        assert r["total_ms"] >= r["verify_ms"] > 0 and r["intake_ms"] > 0
+    # deferred keeps no route payloads: the buffer holds less than in direct mode
+    assert modes["deferred"]["buffered_bytes"] < modes["direct"]["buffered_bytes"]
+    assert modes["direct"]["ratio_total_to_base64_sha256"] > 0
+    scaling = report["scaling"]["results"]
+    assert [(r["kind"], r["workers"]) for r in scaling] == [("thread", 1), ("thread", 2), ("process", 1), ("process", 2)]
+    assert all(r["groups_per_s"] > 0 for r in scaling)
+
+
+def test_bench_finalize_agentic_profile_prints_its_sizes():
+    proc = _run("bench", "finalize", "--profile", "toy", "--repeats", "1", "--modes", "deferred")
+    assert proc.returncode == 0, proc.stderr
+    assert "profile toy: N=4" in proc.stdout and "deferred" in proc.stdout
+
+
+def test_bench_profiles_are_the_workload_profiles():
+    from stage.cli.bench import PROFILES
+    from stage.bench.finalize import PROFILE_CHOICES
+    from stage.workload import PROFILE_NAMES
+    assert PROFILES == PROFILE_CHOICES == ("default", *PROFILE_NAMES)
+
+
+def test_bench_wire_and_verify_print_the_profile():
+    proc = _run("bench", "wire", "--json", "--profile", "agentic-moe")
+    report = json.loads(proc.stdout)
+    assert report["profile"] == "agentic-moe"
+    assert {r["case"] for r in report["results"]} >= {"ReceiptEvent, 60-call manifest"}
+    assert any("x48x8 int8 routes" in r["case"] for r in report["results"])
+    proc = _run("bench", "verify", "--seconds", "0.2", "--profile", "toy")
+    assert "profile toy: N=4" in proc.stdout
 
 
 def test_cuda_parity_scripts_run_their_cpu_half():

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from stage.cli.malloc import IdleTrimmer, malloc_trim
+from stage.runtime.malloc import IdleTrimmer, malloc_trim
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -43,7 +43,7 @@ def test_trims_once_per_idle_period_and_never_while_busy():
 
 _FRAGMENTED_HEAP = """
 import re, numpy as np
-from stage.cli.malloc import IdleTrimmer, malloc_trim, tune_malloc
+from stage.runtime.malloc import IdleTrimmer, malloc_trim, tune_malloc
 assert tune_malloc()
 def rss_mb():
     return int(re.search(r"VmRSS:\\s+(\\d+)", open("/proc/self/status").read()).group(1)) // 1024

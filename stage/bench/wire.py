@@ -27,7 +27,7 @@ GROUP_ID = "g-000042"
 
 
 def staged_call_record(delta_len: int = 512, *, routes: tuple[int, int] | None = None,
-                       compact: bool = False, seed: int = 0) -> dict:
+                       compact: bool = False, seed: int = 0, route_dtype: str = "int16") -> dict:
     """StagedCall of a root call staged by Gym's producer rules (real digests and hashes);
     ``routes=(L, K)`` attaches a delta_len x L x K int16 route fragment (nrlre1-encoded).
     ``compact``: uint32 ids and float32 mask/logprobs instead of Gym's uint64/float64 (the
@@ -51,7 +51,7 @@ def staged_call_record(delta_len: int = 512, *, routes: tuple[int, int] | None =
         generation_log_probs_delta=pack_tensor(lps))
     if routes is not None:
         layers, k = routes
-        fragment = rng.integers(0, 128, (delta_len, layers, k)).astype(np.int16)
+        fragment = rng.integers(0, 128, (delta_len, layers, k)).astype(route_dtype)
         record.update(route_encoding=1, routed_experts=pack_tensor(fragment),
                       extras_metadata_json='{"routed_experts_boundary_index":null}')
     return record
@@ -101,23 +101,85 @@ def _case(name: str, schema_name: str, record: dict) -> dict:
     return row
 
 
-def run() -> list[dict]:
-    return [
-        _case("StagedCall, 512-token delta", "StagedCall", staged_call_record(512)),
-        _case("StagedCall, 512-token delta, compact dtypes", "StagedCall",
-              staged_call_record(512, compact=True)),
-        _case("StagedCall, 512-token delta + 512x48x8 int16 routes", "StagedCall",
-              staged_call_record(512, routes=(48, 8))),
-        _case("ReceiptEvent, 32-call manifest", "ReceiptEvent", receipt_event_record(32)),
-    ]
+def sdk_staging(tokens: int = 2048, layers: int = 48, k: int = 8, dtypes=("int8", "int16"),
+                calls: int = 12) -> list[dict]:
+    """RolloutStager.prepare of a ``tokens``-token child call with ``layers`` x ``k`` routes (and
+    its boundary route): Gym's digests plus the StagedCall value, against base64 + SHA-256 of the
+    same route bytes (what the extras digest cannot avoid)."""
+    import base64
+    import hashlib
+    import statistics
+    import time
+
+    from stage.client import RolloutStager
+    rng = np.random.default_rng(0)
+    out = []
+    for dtype in dtypes:
+        stager = RolloutStager(None, GROUP_ID, "rollout-sdk")
+        stager.prepare("c0", prompt_delta=rng.integers(0, 151_000, 64), generated=rng.integers(0, 151_000, 16),
+                       generated_logprobs=-rng.random(16), weight_version=1,
+                       routed_experts=rng.integers(0, 128, (80, layers, k)).astype(dtype), route_dtype=dtype)
+        seconds, routes = [], None
+        for i in range(calls):
+            half = tokens // 2
+            routes = rng.integers(0, 128, (tokens, layers, k)).astype(dtype)
+            kwargs = dict(prompt_delta=rng.integers(0, 151_000, half), generated=rng.integers(0, 151_000, tokens - half),
+                          generated_logprobs=-rng.random(tokens - half), weight_version=1, routed_experts=routes,
+                          routed_experts_boundary=rng.integers(0, 128, (1, layers, k)).astype(dtype),
+                          route_dtype=dtype)
+            started = time.perf_counter()
+            stager.prepare(f"c{i + 1}", parent_call_id=f"c{i}", **kwargs)
+            seconds.append(time.perf_counter() - started)
+        raw = routes.tobytes()
+        anchor = min(time_per_call(lambda: hashlib.sha256(base64.b64encode(raw)).digest(), min_seconds=0.2)
+                     ["median_s"] for _ in range(1))
+        median = statistics.median(seconds)
+        out.append({"case": f"RolloutStager.prepare, {tokens}-token call + {tokens}x{layers}x{k} {dtype} routes",
+                    "route_bytes": len(raw), "prepare_ms": median * 1e3, "base64_sha256_ms": anchor * 1e3,
+                    "ratio": median / anchor})
+    return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    rows = run()
+def run(profile: str = "default") -> list[dict]:
+    if profile == "default":
+        return [
+            _case("StagedCall, 512-token delta", "StagedCall", staged_call_record(512)),
+            _case("StagedCall, 512-token delta, compact dtypes", "StagedCall",
+                  staged_call_record(512, compact=True)),
+            _case("StagedCall, 512-token delta + 512x48x8 int16 routes", "StagedCall",
+                  staged_call_record(512, routes=(48, 8))),
+            _case("ReceiptEvent, 32-call manifest", "ReceiptEvent", receipt_event_record(32)),
+        ]
+    from stage.bench.inputs import bench_profile
+    cfg = bench_profile(profile)
+    layers, k = cfg.routes or (0, 0)
+    mean_call = (cfg.rollout_tokens[0] // sum(cfg.turns) * 2) if cfg.rollout_tokens else 64
+    calls = sum(cfg.turns) // 2
+    rows = []
+    for tokens in (mean_call, 4 * mean_call):
+        for dtype in cfg.route_dtypes if layers else ():
+            rows.append(_case(f"StagedCall, {tokens}-token delta + {tokens}x{layers}x{k} {dtype} routes",
+                              "StagedCall", staged_call_record(tokens, routes=(layers, k), compact=True,
+                                                               route_dtype=dtype)))
+        if not layers:
+            rows.append(_case(f"StagedCall, {tokens}-token delta, compact dtypes", "StagedCall",
+                              staged_call_record(tokens, compact=True)))
+    rows.append(_case(f"ReceiptEvent, {calls}-call manifest", "ReceiptEvent",
+                      receipt_event_record(calls, group_size=cfg.group_size)))
+    return rows
+
+
+def main(argv: list[str] | None = None, profile: str = "default") -> int:
+    from stage.bench.pipeline import load_average
+    load = load_average()
+    rows = run(profile)
+    sdk = sdk_staging()
     if "--json" in (argv if argv is not None else sys.argv[1:]):
-        print(json.dumps(rows, indent=2))
+        print(json.dumps({"benchmark": "wire", "profile": profile, "load": load, "results": rows,
+                          "sdk": sdk}, indent=2))
         return 0
-    print(f"# Python {platform.python_version()}, {platform.machine()}, one thread, median of 5 rounds")
+    print(f"# Python {platform.python_version()}, {platform.machine()}, one thread, median of 5 rounds; "
+          f"profile {profile}; machine load {load}")
     print("| case | bytes | encode us (rec/s, MB/s) | decode us (rec/s, MB/s) "
           "| bare fastavro write / read us | of the decode: budget walk us |")
     print("|---|---|---|---|---|---|")
@@ -126,6 +188,10 @@ def main(argv: list[str] | None = None) -> int:
               f"| {r['encode_us']:.1f} ({r['encode_per_s']:,.0f}, {r['encode_MBps']:,.0f}) "
               f"| {r['decode_us']:.1f} ({r['decode_per_s']:,.0f}, {r['decode_MBps']:,.0f}) "
               f"| {r['raw_write_us']:.1f} / {r['raw_read_us']:.1f} | {r['budget_walk_us']:.1f} |")
+    print("\nSDK staging (target <= 2 ms for 2k tokens with 48x8 routes), against base64 + SHA-256 of the routes:")
+    for r in sdk:
+        print(f"  {r['case']}: {r['prepare_ms']:.2f} ms; anchor {r['base64_sha256_ms']:.2f} ms "
+              f"({r['route_bytes'] / 1e6:.2f} MB); ratio {r['ratio']:.2f}")
     return 0
 
 

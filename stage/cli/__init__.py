@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from stage.cli.args import LOG_LEVELS, Help, add_parser, at_least, device, positive_float
+from stage.cli.args import LOG_LEVELS, Help, add_parser, at_least, positive_float
 from stage.runtime.topics import (
     DEFAULT_MAX_MESSAGE_BYTES,
     DEFAULT_MIN_INSYNC_REPLICAS,
@@ -37,7 +37,8 @@ def _parser() -> argparse.ArgumentParser:
     _add_broker_parser(commands)
     from stage.debug.cli import add_parsers as add_debug_parsers
     add_debug_parsers(commands)
-    _add_bench_parsers(commands)
+    from stage.cli.bench import add_parsers as add_bench_parsers
+    add_bench_parsers(commands)
     return parser
 
 
@@ -115,33 +116,9 @@ def _add_config_options(sub: argparse.ArgumentParser) -> None:
                           "from the configuration)")
 
 
-def _add_bench_parsers(commands) -> None:
-    bench = add_parser(commands, "bench", "run a benchmark and print its figures")
-    which = bench.add_subparsers(dest="bench", required=True, metavar="BENCHMARK")
-    verify = add_parser(which, "verify", "verify_and_linearize throughput vs SHA-256 bound")
-    verify.add_argument("--json", action="store_true", help="print the report as JSON")
-    verify.add_argument("--seconds", type=positive_float, default=2.0, help="measuring time per case")
-    e2e = add_parser(which, "e2e", "stage vs passthrough throughput and latency on one broker")
-    e2e.add_argument("--json", action="store_true", help="print the report as JSON")
-    e2e.add_argument("--bootstrap-servers", help="default: start a local KRaft broker from the Kafka jars")
-    e2e.add_argument("--groups", type=at_least(1), default=300, help="groups of 4 rollouts")
-    e2e.add_argument("--tokens", type=at_least(1), default=128, help="delta tokens per call")
-    e2e.add_argument("--layers", type=at_least(0), default=8, help="route layers (0 = no routes)")
-    e2e.add_argument("--latency-seconds", type=positive_float, default=10.0,
-                     help="length of the latency phase")
-    finalize = add_parser(which, "finalize", "finalize_group time split (verify, routes, tensorize)")
-    finalize.add_argument("--json", action="store_true", help="print the report as JSON")
-    finalize.add_argument("--device", type=device, default="cpu", help="cpu, cuda, cuda:N or auto")
-    finalize.add_argument("--repeats", type=at_least(1), default=3, help="runs per mode (the median is shown)")
-    for flag, default, text in (("--rollouts", 8, "rollouts per group"), ("--calls", 32, "calls per rollout"),
-                                ("--tokens", 512, "delta tokens per call"), ("--layers", 48, "MoE layers L"),
-                                ("--topk", 8, "experts per token K")):
-        finalize.add_argument(flag, type=at_least(1), default=default, help=text)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    from stage.cli.malloc import tune_malloc
+    from stage.runtime.malloc import tune_malloc
     tune_malloc()
     if args.command == "run":
         return _run_command(args)
@@ -156,20 +133,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command in ("inspect", "dead-letters"):
         from stage.debug.cli import main as debug_main
         return debug_main(args, _load)
-    if args.command == "bench" and args.bench == "verify":
-        from stage.bench.verify import run
-        report = run(as_json=args.json, min_seconds=args.seconds)
-        return 0 if report["meets_target"] else 1
-    if args.command == "bench" and args.bench == "e2e":
-        from stage.bench.e2e import run as run_e2e
-        report = run_e2e(bootstrap=args.bootstrap_servers, groups=args.groups, tokens=args.tokens,
-                         layers=args.layers, latency_seconds=args.latency_seconds, as_json=args.json)
-        return 0 if report["meets_targets"] else 1
-    if args.command == "bench" and args.bench == "finalize":
-        from stage.bench.finalize import run as run_finalize
-        run_finalize(as_json=args.json, device=args.device, repeats=args.repeats, n=args.rollouts,
-                     calls=args.calls, tokens=args.tokens, layers=args.layers, topk=args.topk)
-        return 0
+    if args.command == "bench":
+        from stage.cli.bench import main as bench_main
+        return bench_main(args)
     return 2
 
 
@@ -242,7 +208,7 @@ def _run_command(args) -> int:
         return status
     from stage.runtime.exits import StageExit
     from stage.runtime.loop import StageRuntime
-    from stage.cli.malloc import idle_trimmer
+    from stage.runtime.malloc import idle_trimmer
     runtime = StageRuntime(cfg)
     runtime.install_signal_handlers()
     trimmer = idle_trimmer(runtime.stats.activity)   # free heap back to the OS when idle

@@ -22,6 +22,15 @@ from stage.cli.args import add_parser as add_subcommand
 # that building the parser imports nothing heavy (`rollout-reassembler --help` stays instant).
 FAULT_NAMES = ("tampered_tokens", "tampered_digest", "poisoned_receipt", "missing_receipt",
                "missing_staged", "late_receipt", "garbage")
+# stage.workload.profiles' names (a test keeps them equal) and what each changes in the demo
+# beyond the workload: agentic-moe rows reach 128k tokens (direct routes would be ~100 MB a row)
+# and a group is ~1,000 staged calls, so it defaults to deferred routes and a longer deadline.
+PROFILE_NAMES = ("toy", "agentic-moe")
+# Its faults at a lower rate: a group of 16 rollouts with one late or lost record waits out
+# its 2-minute deadline.
+PROFILE_DEMO_DEFAULTS = {"toy": {"routes": "direct", "group_timeout_ms": 3000, "fault_rate": 0.03},
+                         "agentic-moe": {"routes": "deferred", "group_timeout_ms": 120_000,
+                                         "fault_rate": 0.005}}
 
 
 def add_parser(commands) -> argparse.ArgumentParser:
@@ -33,26 +42,32 @@ def add_parser(commands) -> argparse.ArgumentParser:
                     "against an independent recomputation. Exit status 0 only if every check passes, "
                     "1 if one fails, 2 for a bad argument.")
     demo.add_argument("--bootstrap-servers", help="any Kafka (default: start the embedded Tansu broker)")
-    demo.add_argument("--groups", type=at_least(1), default=64, help="prompt groups")
-    demo.add_argument("--group-size", type=at_least(1), default=4, help="rollouts per group, N")
+    demo.add_argument("--profile", choices=PROFILE_NAMES, default="toy",
+                      help="workload sizes: toy (seconds), or agentic-moe (N=16, ~64 calls, 32k mean / "
+                           "128k max tokens a rollout, routes 48x8 int8/int16: 2 groups, minutes, "
+                           "several GB of memory); the options below override it")
+    demo.add_argument("--groups", type=at_least(1), help="prompt groups (default: the profile's, toy 64)")
+    demo.add_argument("--group-size", type=at_least(1), help="rollouts per group, N (default: the profile's, toy 4)")
     demo.add_argument("--seed", type=int, default=0, help="workload seed: same seed, same run")
     demo.add_argument("--partitions", type=at_least(1), default=2, help="partitions per topic")
-    demo.add_argument("--routes", choices=("direct", "deferred", "off"), default="direct",
+    demo.add_argument("--routes", choices=("direct", "deferred", "off"),
                       help="router replay: routes in the rows (direct), plans + fetch by Kafka "
-                           "coordinates (deferred), or none (off)")
-    demo.add_argument("--layers", type=at_least(0), default=4, help="MoE layers L (0: no routes; needs --routes off)")
-    demo.add_argument("--experts-per-token", type=at_least(1), default=2, help="MoE top-k K")
-    demo.add_argument("--media-rate", type=fraction, default=0.1,
-                      help="share of rollouts whose prompt carries an image")
+                           "coordinates (deferred), or none (off) (default: toy direct, agentic-moe deferred)")
+    demo.add_argument("--layers", type=at_least(0),
+                      help="MoE layers L (0: no routes; needs --routes off) (default: toy 4, agentic-moe 48)")
+    demo.add_argument("--experts-per-token", type=at_least(1), help="MoE top-k K (default: toy 2, agentic-moe 8)")
+    demo.add_argument("--media-rate", type=fraction,
+                      help="share of rollouts whose prompt carries an image (default: toy 0.1, agentic-moe 0)")
     demo.add_argument("--sampler-topk", type=at_least(0), default=0,
                       help="sampler top-k log-prob columns per generated token (0: none)")
-    demo.add_argument("--fault-rate", type=fraction, default=0.03,
+    demo.add_argument("--fault-rate", type=fraction,
                       help="rate of every fault: per rollout for each rollout fault, per group for "
-                           "garbage")
+                           "garbage (default: toy 0.03, agentic-moe 0.005)")
     demo.add_argument("--fault", action="append", default=[], metavar="NAME=RATE",
                       help=f"override one fault's rate; NAME in {', '.join(FAULT_NAMES)} "
                            "(default: none, every fault at --fault-rate)")
-    demo.add_argument("--group-timeout-ms", type=at_least(1), default=3000, help="the stage's group deadline")
+    demo.add_argument("--group-timeout-ms", type=at_least(1),
+                      help="the stage's group deadline (default: toy 3000, agentic-moe 120000)")
     demo.add_argument("--rate", type=non_negative_float, default=0.0,
                       help="groups per second offered (0: as fast as the producer goes)")
     demo.add_argument("--timeout", type=positive_float, default=300.0,
@@ -73,7 +88,8 @@ def add_parser(commands) -> argparse.ArgumentParser:
 
 def _fault_rates(args):
     from stage.workload import FaultRates
-    rates = {name: args.fault_rate for name in FAULT_NAMES}
+    rate = PROFILE_DEMO_DEFAULTS[args.profile]["fault_rate"] if args.fault_rate is None else args.fault_rate
+    rates = {name: rate for name in FAULT_NAMES}
     for item in args.fault:
         name, sep, value = item.partition("=")
         if not sep or name not in FAULT_NAMES:
@@ -84,14 +100,20 @@ def _fault_rates(args):
 
 def options(args):
     from stage.demo import DemoOptions
-    from stage.workload import WorkloadConfig
-    workload = WorkloadConfig(
-        groups=args.groups, group_size=args.group_size, seed=args.seed,
-        route_layers=args.layers if args.routes != "off" else 0, route_topk=args.experts_per_token,
-        media_rate=args.media_rate, topk=args.sampler_topk, faults=_fault_rates(args))
+    from stage.workload import profile
+    defaults = PROFILE_DEMO_DEFAULTS[args.profile]
+    routes = args.routes or defaults["routes"]
+    given = {"groups": args.groups, "group_size": args.group_size, "route_layers": args.layers,
+             "route_topk": args.experts_per_token, "media_rate": args.media_rate}
+    overrides = {name: value for name, value in given.items() if value is not None}
+    if routes == "off":
+        overrides["route_layers"] = 0
+    workload = profile(args.profile, seed=args.seed, topk=args.sampler_topk, faults=_fault_rates(args),
+                       **overrides)
     return DemoOptions(
-        workload=workload, bootstrap_servers=args.bootstrap_servers, partitions=args.partitions,
-        route_mode=args.routes, group_timeout_ms=args.group_timeout_ms, timeout_s=args.timeout,
+        workload=workload, profile=args.profile, bootstrap_servers=args.bootstrap_servers,
+        partitions=args.partitions, route_mode=routes,
+        group_timeout_ms=args.group_timeout_ms or defaults["group_timeout_ms"], timeout_s=args.timeout,
         rate=args.rate, device=args.device, topic_prefix=args.topic_prefix,
         progress=not args.no_progress, produce_only=args.produce_only)
 

@@ -32,10 +32,17 @@ from typing import Any
 
 from confluent_kafka import KafkaException, Producer
 
-from stage.client.records import receipt_event, route_extras, staged_call_from_record
-from stage.contract import CallRecord, RolloutReceipt, StagedCallRecord
-from stage.contract.producer import RolloutBuilder
+from stage.client.records import (
+    receipt_event,
+    route_envelopes,
+    staged_call_from_record,
+    staged_call_value,
+    staged_row_from_envelopes,
+)
+from stage.contract import CallRecord, RolloutReceipt, RouteEnvelope, StagedCallRecord
+from stage.contract.producer import RolloutBuilder, StagedCall
 from stage.finalize import StagedMedia, TopK
+from stage.routes import ROUTED_EXPERTS_FIELD
 from stage.wire import AvroCodec, TopicNames, value_subject
 from stage.wire.partitioner import LIBRDKAFKA_PARTITIONER
 
@@ -219,9 +226,14 @@ class PreparedCall:
     """One staged call before it is sent: the Gym record, its manifest row, the wire value."""
 
     group_id: str
-    record: StagedCallRecord      # token-bearing (Gym's StagedCallRecord, extras included)
+    staged: StagedCall            # the staged call (base snapshot, extras, manifest row)
     manifest_row: CallRecord      # token-free coordinates the receipt names
     value: dict                   # the StagedCall Avro value
+
+    @property
+    def record(self) -> StagedCallRecord:
+        """Gym's token-bearing StagedCallRecord (route envelopes written out on first use)."""
+        return self.staged.record
 
     @property
     def staging_key(self) -> str:
@@ -265,15 +277,21 @@ class RolloutStager:
             if parent is None:
                 raise ValueError("a boundary route belongs to a child call (its parent's last token)")
             boundary_index = parent.manifest_row.cum_len - 1
-        call_extras = route_extras(routed_experts, boundary=routed_experts_boundary,
-                                   boundary_index=boundary_index, dtype=route_dtype, extras=extras)
+        # Routes stay arrays: their envelopes are digested as parts, never written as base64
+        # text, and the wire value takes the tensors as they are.
+        call_extras = route_envelopes(routed_experts, boundary=routed_experts_boundary,
+                                      boundary_index=boundary_index, dtype=route_dtype, extras=extras)
         staged = self.builder.stage(
             model_call_id, parent_call_id=parent_call_id, prompt_delta=prompt_delta,
             generated=generated, generated_logprobs=generated_logprobs,
             weight_version=weight_version, extras=call_extras, response_id=response_id,
             admitted_at=admitted_at)
-        value = staged_call_from_record(self.group_id, staged.record, media=media, topk=topk)
-        return PreparedCall(self.group_id, staged.record, staged.manifest_row, value)
+        if call_extras is not None and isinstance(call_extras.get(ROUTED_EXPERTS_FIELD), RouteEnvelope):
+            row = staged_row_from_envelopes(staged.snapshot, call_extras, media=media, topk=topk)
+            value = staged_call_value(self.group_id, row)
+        else:   # no routes, or the caller's own extras carry them: the general path
+            value = staged_call_from_record(self.group_id, staged.record, media=media, topk=topk)
+        return PreparedCall(self.group_id, staged, staged.manifest_row, value)
 
     def stage(self, model_call_id: str, **kwargs) -> CallRecord:
         """Prepare and produce one call; returns its manifest row (CallRecord)."""

@@ -12,12 +12,14 @@ import numpy as np
 from collections.abc import Mapping
 from typing import Any
 
-from stage.contract import RolloutReceipt, StagedCallRecord, encode_routed_experts
+from stage.contract import RolloutReceipt, RouteEnvelope, StagedCallRecord
 from stage.finalize import StagedRow, staged_row_from_record
 from stage.routes import (
+    ROUTE_ENCODING_ENVELOPE,
     ROUTED_EXPERTS_BOUNDARY_FIELD,
     ROUTED_EXPERTS_BOUNDARY_INDEX_FIELD,
     ROUTED_EXPERTS_FIELD,
+    encode_extras_metadata_json,
 )
 from stage.wire import pack_tensor
 
@@ -87,15 +89,47 @@ def receipt_event(*, group_id: str, rollout_id: str, rollout_index: int, group_s
 def route_extras(routed_experts, *, boundary=None, boundary_index: int | None = None,
                  dtype: str = "int16", extras: Mapping[str, Any] | None = None) -> dict | None:
     """The extras a call commits to: user metadata plus the nrlre1 route envelopes."""
+    parts = route_envelopes(routed_experts, boundary=boundary, boundary_index=boundary_index,
+                            dtype=dtype, extras=extras)
+    return None if parts is None else {
+        k: v.text() if isinstance(v, RouteEnvelope) else v for k, v in parts.items()}
+
+
+def route_envelopes(routed_experts, *, boundary=None, boundary_index: int | None = None,
+                    dtype: str = "int16", extras: Mapping[str, Any] | None = None) -> dict | None:
+    """``route_extras`` with the envelopes as ``RouteEnvelope`` parts (digested as the strings,
+    never written out: staging a call with routes needs no base64 string)."""
     out = dict(extras or {})
     for name in (ROUTED_EXPERTS_FIELD, ROUTED_EXPERTS_BOUNDARY_FIELD, ROUTED_EXPERTS_BOUNDARY_INDEX_FIELD):
         if name in out and (routed_experts is not None or boundary is not None):
             raise ValueError(f"pass routes as arrays, not as extras[{name!r}]")
     if routed_experts is not None:
-        out[ROUTED_EXPERTS_FIELD] = encode_routed_experts(np.asarray(routed_experts), dtype=dtype)
+        out[ROUTED_EXPERTS_FIELD] = RouteEnvelope.of(np.asarray(routed_experts), dtype=dtype)
     if boundary is not None:
         if routed_experts is None:
             raise ValueError("routed_experts_boundary needs the call's routed_experts")
-        out[ROUTED_EXPERTS_BOUNDARY_FIELD] = encode_routed_experts(np.asarray(boundary), dtype=dtype)
+        out[ROUTED_EXPERTS_BOUNDARY_FIELD] = RouteEnvelope.of(np.asarray(boundary), dtype=dtype)
         out[ROUTED_EXPERTS_BOUNDARY_INDEX_FIELD] = int(boundary_index)
     return out or None
+
+
+def envelope_array(envelope: RouteEnvelope) -> np.ndarray:
+    """The envelope's values as a read-only array in its dtype (a view of its bytes)."""
+    array = np.frombuffer(envelope.raw, dtype=np.dtype(envelope.dtype).newbyteorder("<"))
+    return array.reshape(envelope.shape)
+
+
+def staged_row_from_envelopes(snapshot, extras: dict, *, media=None, topk=None) -> StagedRow:
+    """The stage's storage form of a call whose extras hold its routes as RouteEnvelope parts:
+    the route tensors straight from their bytes (no envelope string decoded)."""
+    routes = extras[ROUTED_EXPERTS_FIELD]
+    boundary = extras.get(ROUTED_EXPERTS_BOUNDARY_FIELD)
+    if routes.shape[0] != snapshot.delta_len:
+        raise ValueError(f"routed_experts must already be delta-aligned: got shape "
+                         f"{routes.shape} for delta_len={snapshot.delta_len}")
+    if boundary is not None and boundary.shape[0] != 1:
+        raise ValueError(f"routed_experts_boundary must be one token row, got {boundary.shape}")
+    return StagedRow(snapshot=snapshot, route_encoding=ROUTE_ENCODING_ENVELOPE,
+                     routes=envelope_array(routes),
+                     boundary_routes=None if boundary is None else envelope_array(boundary),
+                     extras_metadata_json=encode_extras_metadata_json(extras), media=media, topk=topk)

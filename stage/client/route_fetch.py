@@ -2,15 +2,24 @@
 staged route fragments back by the Kafka coordinates its RoutePlan names and runs the shared
 route executor (``stage.routes.execute_route_plan``) with the model's (L, K). A failure gives an
 all ``-1`` route tensor of the row's length and a counted reason (``failures``).
+
+Fetched fragments are kept in an LRU bounded by bytes (``cache_bytes``): the route tensors are
+views of the fetched records' route bytes (nothing else of a record is kept), and a fragment
+that passed its integrity check against a digest is never checked against that digest again.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import threading
 import time
 import uuid
+import weakref
+from concurrent.futures import ThreadPoolExecutor
 from collections import Counter, OrderedDict
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -18,17 +27,45 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from stage.client.assembly import TrainingGroup, route_plan_from_record
 from stage.client.consuming import DEFAULT_MAX_RECORD_BYTES, codec_for, reader_defaults, take
-from stage.decode import staged_row
+from stage.decode import staged_route_fragment
 from stage.routes import (
     ROUTE_MISSING_SENTINEL,
     ROUTED_EXPERTS_FALLBACK_DTYPE,
     RouteFragment,
     execute_route_plan,
     resolve_device,
+    verify_route_fragment_integrity,
 )
 from stage.wire import TopicNames, WireError
 
 logger = logging.getLogger(__name__)
+
+DEFAULT_CACHE_BYTES = 1 << 30
+_ENTRY_OVERHEAD = 1024   # the entry, its key, the fragment object and its metadata text
+
+
+@dataclass(frozen=True)
+class _DigestSpan:
+    """What the integrity check reads of a plan span."""
+
+    extras_digest_version: int
+    extras_digest: str
+
+
+@dataclass(frozen=True, eq=False)
+class FetchedFragment:
+    """What the fetcher keeps of one StagedCall: its staging key and its route fragment."""
+
+    staging_key: str
+    fragment: RouteFragment | None    # None: the call staged no routes
+
+    @property
+    def nbytes(self) -> int:
+        f = self.fragment
+        if f is None:
+            return _ENTRY_OVERHEAD
+        side = 0 if f.boundary_routes is None else f.boundary_routes.nbytes
+        return f.routes.nbytes + side + len(f.extras_metadata_json) + _ENTRY_OVERHEAD
 
 
 class DeferredRouteFetcher:
@@ -37,22 +74,35 @@ class DeferredRouteFetcher:
 
     ``routes(plan)`` always returns an int16 ``[len, L, K]`` tensor: on any failure (fragment
     gone, undecodable, another key at that offset, integrity or shape mismatch) it is all
-    ``-1`` and the executor's reason is counted in ``failures``. Fetched rows are cached
-    (``cache_size`` most recent coordinates). ``max_record_bytes``: the stage's (as for
+    ``-1`` and the executor's reason is counted in ``failures``. Fetched fragments are cached,
+    least recently used first out, within ``cache_bytes`` (route bytes plus ~1 KiB an entry;
+    0: no cache); a fragment bigger than the budget is used and not kept. ``verified`` counts
+    integrity checks run, ``verified_cached`` the ones answered from a fragment's earlier check.
+    ``attach`` runs a group's checks on ``verify_threads`` threads (default: up to 4 cores; 1:
+    inline, in the executor). ``max_record_bytes``: the stage's (as for
     CanonicalReader): the StagedCall decode cap and the fetch limits follow it.
     """
 
     def __init__(self, bootstrap_servers: str, *, dims: tuple[int, int], device="cpu",
                  config: Mapping[str, Any] | None = None, framing: str = "plain",
                  schema_registry_url: str | None = None, timeout: float = 10.0,
-                 cache_size: int = 4096, max_gap: int = 256,
+                 cache_bytes: int = DEFAULT_CACHE_BYTES, max_gap: int = 256,
+                 verify_threads: int | None = None,
                  max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> None:
+        if cache_bytes < 0:
+            raise ValueError(f"cache_bytes must be >= 0, got {cache_bytes}")
         self.dims = (int(dims[0]), int(dims[1]))
         self.device = resolve_device(device)
         self.timeout = timeout
         self.max_gap = max_gap
-        self.cache_size = cache_size
-        self.cache: OrderedDict[tuple[str, int, int], Any] = OrderedDict()
+        self.cache_bytes = cache_bytes
+        self.cached_bytes = 0
+        self.cache: OrderedDict[tuple[str, int, int], FetchedFragment] = OrderedDict()
+        # fragment -> {(extras_digest_version, extras_digest): passed}: gone with the fragment
+        self._checked: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()
+        self.verify_threads = min(4, os.cpu_count() or 1) if verify_threads is None else verify_threads
+        self._pool: ThreadPoolExecutor | None = None
         self.codec = codec_for("StagedCall", TopicNames().staged_calls, framing, schema_registry_url,
                                max_record_bytes)
         # Random access to records known to exist: never let the broker hold a fetch open.
@@ -63,12 +113,19 @@ class DeferredRouteFetcher:
         self.failures: Counter = Counter()
         self.executed = 0
         self.fetched = 0
+        self.verified = 0
+        self.verified_cached = 0
 
     # -- fetching ----------------------------------------------------------------------------
-    def fetch(self, coordinates) -> dict[tuple[str, int, int], Any]:
-        """(topic, partition, offset) -> StagedRow, or the Exception that explains its absence."""
+    def fetch(self, coordinates) -> dict[tuple[str, int, int], FetchedFragment | Exception]:
+        """(topic, partition, offset) -> FetchedFragment, or the Exception that explains its absence."""
         wanted = sorted(set(coordinates))
-        out = {c: self.cache[c] for c in wanted if c in self.cache}
+        out = {}
+        for c in wanted:
+            hit = self.cache.get(c)
+            if hit is not None:
+                self.cache.move_to_end(c)
+                out[c] = hit
         by_tp: dict[tuple[str, int], list[int]] = {}
         for topic, partition, offset in wanted:
             if (topic, partition, offset) not in out:
@@ -77,17 +134,57 @@ class DeferredRouteFetcher:
             run = [offsets[0]]
             for offset in offsets[1:]:
                 if offset - run[-1] > self.max_gap:
-                    out.update(self._read_run(topic, partition, run))
+                    self._remember(self._read_run(topic, partition, run), out)
                     run = []
                 run.append(offset)
-            out.update(self._read_run(topic, partition, run))
-        for coords, row in out.items():
-            if not isinstance(row, Exception):
-                self.cache[coords] = row
-                self.cache.move_to_end(coords)
-        while len(self.cache) > self.cache_size:
-            self.cache.popitem(last=False)
+            self._remember(self._read_run(topic, partition, run), out)
         return out
+
+    def _remember(self, fetched: dict, out: dict) -> None:
+        out.update(fetched)
+        for coords, entry in fetched.items():
+            if isinstance(entry, Exception):
+                continue
+            size = entry.nbytes
+            if size > self.cache_bytes:
+                continue   # used by this call, not kept
+            self.cache[coords] = entry
+            self.cached_bytes += size
+        while self.cached_bytes > self.cache_bytes and self.cache:
+            _coords, old = self.cache.popitem(last=False)
+            self.cached_bytes -= old.nbytes
+
+    def _integrity(self, span, fragment: RouteFragment) -> bool:
+        """The executor's integrity check, run once per fragment and digest."""
+        key = (getattr(span, "extras_digest_version", None), getattr(span, "extras_digest", None))
+        with self._lock:
+            seen = self._checked.setdefault(fragment, {})
+            if key in seen:
+                self.verified_cached += 1
+                return seen[key]
+        passed = verify_route_fragment_integrity(span, fragment)   # the hashing: no lock held
+        with self._lock:
+            self.verified += 1
+            seen[key] = passed
+        return passed
+
+    def _verify_ahead(self, plans, fetched) -> None:
+        """Run a group's integrity checks on ``verify_threads`` threads before assembling it:
+        SHA-256 releases the GIL, so one fragment is hashed while another is base64-encoded."""
+        checks = {}
+        for plan in plans:
+            for span in plan["spans"]:
+                c = span["fragment"]
+                row = None if c is None else fetched.get((c["topic"], c["partition"], c["offset"]))
+                if isinstance(row, FetchedFragment) and row.fragment is not None:
+                    key = (id(row.fragment), span["extras_digest_version"], span["extras_digest"])
+                    checks[key] = (_DigestSpan(span["extras_digest_version"], span["extras_digest"]),
+                                   row.fragment)
+        if len(checks) < 2:
+            return
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.verify_threads, thread_name_prefix="route-verify")
+        list(self._pool.map(lambda pair: self._integrity(*pair), checks.values()))
 
     def _read_run(self, topic: str, partition: int, offsets: list[int]) -> dict:
         """Read one partition forward from offsets[0] to offsets[-1] (one assign)."""
@@ -116,7 +213,8 @@ class DeferredRouteFetcher:
                         wanted.discard(offset)
                         self.fetched += 1
                         try:
-                            out[(topic, partition, offset)] = staged_row(self.codec.decode(msg.value()))
+                            key, fragment = staged_route_fragment(self.codec.decode(msg.value()))
+                            out[(topic, partition, offset)] = FetchedFragment(key, fragment)
                         except (WireError, ValueError, KeyError, TypeError) as error:
                             out[(topic, partition, offset)] = error
                     if not wanted:
@@ -146,18 +244,13 @@ class DeferredRouteFetcher:
             if row.staging_key != key:
                 logger.warning("route fragment at %s is %s, the plan names %s", c, row.staging_key, key)
                 continue
-            try:
-                fragment = row.fragment()
-            except (KeyError, ValueError, TypeError) as error:
-                logger.warning("route fragment %s unusable: %s", key, error)
-                continue
-            if fragment is not None:
-                fragments[key] = fragment
+            if row.fragment is not None:
+                fragments[key] = row.fragment
         self.executed += 1
         try:
             routes, failure = execute_route_plan(route_plan_from_record(plan), fragments,
                                                  dims=self.dims, canonical_len=length,
-                                                 device=self.device)
+                                                 device=self.device, integrity=self._integrity)
         except (TypeError, ValueError) as error:  # a malformed plan record
             routes, failure = None, f"invalid_plan: {error}"
         if failure is not None:
@@ -174,6 +267,8 @@ class DeferredRouteFetcher:
         coords = [(s["fragment"]["topic"], s["fragment"]["partition"], s["fragment"]["offset"])
                   for plan in group.plans for s in plan["spans"] if s["fragment"] is not None]
         fetched = self.fetch(coords)
+        if self.verify_threads > 1:
+            self._verify_ahead(group.plans, fetched)
         out = []
         for row, plan in zip(group.rows, group.plans):
             row.routed_experts = self.routes(plan, canonical_len=row.input_lengths, fetched=fetched)
@@ -181,6 +276,8 @@ class DeferredRouteFetcher:
         return out
 
     def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
         self.consumer.close()
 
     def __enter__(self) -> "DeferredRouteFetcher":

@@ -24,7 +24,7 @@ BOOTSTRAP_ALIAS = "KAFKA_BOOTSTRAP_SERVERS"   # the common convention; no other 
 # Variables in our namespace that are not settings (read by the modules named).
 NOT_SETTINGS = frozenset({
     "ROLLOUT_REASSEMBLER_FAULT",           # stage.publish.faults (crash injection in tests)
-    "ROLLOUT_REASSEMBLER_MALLOC_TUNING",   # stage.cli.malloc
+    "ROLLOUT_REASSEMBLER_MALLOC_TUNING",   # stage.runtime.malloc
     "ROLLOUT_REASSEMBLER_SCHEMAS_DIR",     # stage.wire.schemas
     "ROLLOUT_REASSEMBLER_KAFKA_JARS",      # stage.brokers.kraft
     "ROLLOUT_REASSEMBLER_REJECTION_LOG_LEVEL",  # stage.runtime.logs (per-rejection log level)

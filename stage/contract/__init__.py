@@ -28,6 +28,7 @@ from .records import (
     default_staging_key,
 )
 from .routes import (
+    RouteEnvelope,
     RoutedExpertsFragment,
     classify_route_span,
     decode_routed_experts,

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from . import encoding as enc
+from .routes import RouteEnvelope
 from .constants import (
     CALL_DIGEST_DOMAIN,
     CAPTURE_MODES,
@@ -60,20 +61,27 @@ def chain_hash_of_image(marker: bytes, image) -> str:
 # --- extras digest -------------------------------------------------------------------------
 
 def compute_extras_digest(extras) -> str:
-    """``H(extras-domain || u8(1) || enc(extras))`` with Gym's typed, tag-prefixed encoding."""
+    """``H(extras-domain || u8(1) || enc(extras))`` with Gym's typed, tag-prefixed encoding.
+
+    A ``RouteEnvelope`` value is digested as the envelope string it stands for (Gym has the
+    string there), streamed in pieces instead of written out."""
     if extras is not None and not isinstance(extras, Mapping):
         raise TypeError(f"extras must be a mapping or None, got {type(extras).__name__}")
     value = None if extras is None else dict(extras)
-    out: list[bytes] = [EXTRAS_DIGEST_DOMAIN, bytes((EXTRAS_DIGEST_VERSION,))]
+    h = hashlib.sha256(EXTRAS_DIGEST_DOMAIN)
+    out: list[bytes] = [bytes((EXTRAS_DIGEST_VERSION,))]
     try:
-        _encode_extras(value, out)
+        _encode_extras(value, out, h)
     except RecursionError:  # Gym lets RecursionError escape; a ValueError keeps callers simple
         raise ValueError("extras nesting is too deep") from None
-    return hashlib.sha256(b"".join(out)).hexdigest()
+    h.update(b"".join(out))
+    return h.hexdigest()
 
 
-def _encode_extras(value, out: list[bytes], depth: int = 0) -> None:
+def _encode_extras(value, out: list[bytes], h=None, depth: int = 0) -> None:
     # Exact type checks on purpose: subclasses, numpy scalars and tuples are not encodable.
+    # Small items collect in ``out`` (joined once); a RouteEnvelope flushes them into the hash
+    # ``h`` and streams (with no hash: written into ``out`` whole, the payload bytes).
     kind = type(value)
     if value is None:
         out.append(b"N")
@@ -92,7 +100,7 @@ def _encode_extras(value, out: list[bytes], depth: int = 0) -> None:
     elif kind is list:
         out.append(b"L" + enc.u64(len(value)))
         for item in value:
-            _encode_extras(item, out, depth + 1)
+            _encode_extras(item, out, h, depth + 1)
     elif kind is dict:
         if any(type(k) is not str for k in value):
             raise TypeError("extras mappings must have string keys")
@@ -100,7 +108,16 @@ def _encode_extras(value, out: list[bytes], depth: int = 0) -> None:
         out.append(b"D" + enc.u64(len(items)))
         for key, item in items:
             out.append(enc.u64(len(key)) + key)
-            _encode_extras(item, out, depth + 1)
+            _encode_extras(item, out, h, depth + 1)
+    elif kind is RouteEnvelope:
+        out.append(b"S" + enc.u64(value.text_length))   # text(): u64(byte length) || ASCII
+        if h is None:
+            out.extend(value.text_chunks())
+            return
+        h.update(b"".join(out))
+        out.clear()
+        for piece in value.text_chunks():
+            h.update(piece)
     else:
         raise TypeError(f"extras contain unsupported value type {kind.__name__}")
 

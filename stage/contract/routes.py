@@ -1,12 +1,16 @@
 """Routed-experts payloads: the ``nrlre1`` envelope, the legacy nested list, span classes.
 
 Gym section 6. Decoded values are numpy arrays ``[tokens, layers, topk]``, not nested lists.
+``RouteEnvelope`` is an envelope not written out yet (dtype, shape, raw bytes): the extras digest
+streams it (``compute_extras_digest`` accepts it wherever Gym has the envelope string), so
+neither a producer nor a verifier has to build the base64 string of a many-megabyte fragment.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -14,7 +18,7 @@ import numpy as np
 from .constants import MISSING_ROUTE_SENTINEL, ROUTED_EXPERTS_MAGIC
 
 __all__ = [
-    "RoutedExpertsFragment", "encode_routed_experts", "decode_routed_experts",
+    "RouteEnvelope", "RoutedExpertsFragment", "encode_routed_experts", "decode_routed_experts",
     "routed_experts_token_count", "classify_route_span", "MISSING_ROUTE_SENTINEL",
 ]
 
@@ -41,14 +45,55 @@ def _check_dtype(dtype) -> np.dtype:
 
 def encode_routed_experts(values, dtype: str = "int16") -> str:
     """``"nrlre1:<dtype>:<T>x<L>x<K>:<base64 little-endian signed values>"``."""
-    np_dtype = _check_dtype(dtype)
-    array = _as_route_array(values)
-    info = np.iinfo(np_dtype)
-    if array.size and (int(array.min()) < info.min or int(array.max()) > info.max):
-        raise ValueError(f"routed_experts values do not fit dtype {dtype!r}")
-    raw = np.ascontiguousarray(array, dtype=np_dtype).tobytes()
-    t, l, k = array.shape
-    return f"{ROUTED_EXPERTS_MAGIC}:{dtype}:{t}x{l}x{k}:{base64.b64encode(raw).decode('ascii')}"
+    return RouteEnvelope.of(values, dtype).text()
+
+
+# base64 works on 3-byte groups: chunks of a multiple of 3 encode to the same text, piecewise
+_B64_CHUNK = 3 << 16
+
+
+@dataclass(frozen=True, eq=False)
+class RouteEnvelope:
+    """An ``nrlre1`` envelope as its parts: ``text()`` is the string Gym digests and stages."""
+
+    dtype: str                       # int8 | int16 | int32
+    shape: tuple[int, int, int]      # T, L, K (all > 0)
+    raw: memoryview                  # the T*L*K values, C order, little-endian, as bytes
+
+    @classmethod
+    def of(cls, values, dtype: str = "int16") -> "RouteEnvelope":
+        """Validated as ``encode_routed_experts`` validates (same errors); no copy when
+        ``values`` is already a C-contiguous little-endian array of ``dtype``."""
+        np_dtype = _check_dtype(dtype)
+        array = _as_route_array(values)
+        if not np.can_cast(array.dtype, np_dtype, "safe"):  # a wider type: check every value
+            info = np.iinfo(np_dtype)
+            if array.size and (int(array.min()) < info.min or int(array.max()) > info.max):
+                raise ValueError(f"routed_experts values do not fit dtype {dtype!r}")
+        packed = np.ascontiguousarray(array, dtype=np_dtype)
+        t, l, k = packed.shape
+        return cls(dtype, (int(t), int(l), int(k)), memoryview(packed).cast("B"))
+
+    @property
+    def header(self) -> bytes:
+        t, l, k = self.shape
+        return f"{ROUTED_EXPERTS_MAGIC}:{self.dtype}:{t}x{l}x{k}:".encode("ascii")
+
+    @property
+    def text_length(self) -> int:
+        """Characters (= UTF-8 bytes: all ASCII) of ``text()``."""
+        return len(self.header) + 4 * ((len(self.raw) + 2) // 3)
+
+    def text_chunks(self) -> Iterator[bytes]:
+        """``text()`` as ASCII bytes, in pieces (the header, then base64 of successive
+        multiple-of-3 slices of the raw bytes, which concatenate to the base64 of all)."""
+        yield self.header
+        raw, b2a = self.raw, binascii.b2a_base64
+        for start in range(0, len(raw), _B64_CHUNK):
+            yield b2a(raw[start:start + _B64_CHUNK], newline=False)
+
+    def text(self) -> str:
+        return b"".join(self.text_chunks()).decode("ascii")
 
 
 def _as_route_array(values) -> np.ndarray:

@@ -13,6 +13,7 @@ import numpy as np
 
 from . import encoding as enc
 from .constants import (
+    CHAIN_HASH_DOMAIN,
     COMPARED_FIELDS,
     EXTRAS_DIGEST_VERSION,
     PREFIX_HASH_DOMAIN,
@@ -21,13 +22,14 @@ from .constants import (
     VERSION_FIELDS,
     Code,
 )
-from .digests import chain_hash_of_image, check_staging_preconditions, staging_digest_from_image
+from .digests import check_staging_preconditions, staging_digest_from_image
 from .errors import RebuildError, ReceiptVerificationError
 from .linearized import ExtrasCommitment, LinearizedRow, WeightVersionSpan
 from .packed import PackedRows
 from .records import RolloutReceipt, StagedCallBaseSnapshot
 
 E = ReceiptVerificationError
+_BE_U64 = np.dtype(">u8")
 R = RebuildError
 
 
@@ -84,6 +86,8 @@ def _bind_rows(receipt, manifest, snapshots, digests_verified: bool = False):
         packed = PackedRows.try_pack(snapshots)
     seen: set[str] = set()
     images = []
+    # every row's digest at once (nothing raises there: errors stay in row order below)
+    digests = packed.call_digests(snapshots) if packed is not None and not digests_verified else None
     for i, (record, snapshot) in enumerate(zip(manifest, snapshots)):
         if not isinstance(snapshot, StagedCallBaseSnapshot):
             raise TypeError("snapshots must contain StagedCallBaseSnapshot values")
@@ -99,8 +103,15 @@ def _bind_rows(receipt, manifest, snapshots, digests_verified: bool = False):
         if snapshot.rollout_id != receipt.rollout_id:
             raise E(Code.WRONG_ROLLOUT, f"snapshot {record.model_call_id} belongs to {snapshot.rollout_id}")
         _compare_fields(receipt, record, snapshot)
-        if digests_verified and packed is not None:
-            images.append(packed.token_be[packed.row(i)])
+        if packed is not None:
+            image = packed.token_rows[i]
+            if not digests_verified:
+                digest = digests[i]   # None: not plainly valid, exact path
+                if digest is None:
+                    image = _recompute_digest(record, snapshot, packed, i)
+                elif digest != snapshot.digest:
+                    raise E(Code.CORRUPT_DIGEST, f"call {call_id}: staged digest mismatch")
+            images.append(image)
         else:
             images.append(_recompute_digest(record, snapshot, packed, i))
     return images, packed
@@ -209,8 +220,10 @@ def _linearize(receipt, manifest, snapshots, by_id, images, packed) -> Linearize
     start = 0
     for position, row in enumerate(chain):
         record = manifest[row]
-        marker = b"\x00" if running is None else b"\x01" + bytes.fromhex(running)
-        running = chain_hash_of_image(marker, images[row])
+        marker = b"\x00" if running is None else b"\x01" + running_raw
+        image = images[row]
+        running_raw = hashlib.sha256(b"".join((CHAIN_HASH_DOMAIN, marker, enc.u64(len(image)), image))).digest()
+        running = running_raw.hex()
         if record.chain_hash != running:
             raise R(Code.CHAIN_HASH_MISMATCH, f"call {record.model_call_id} does not extend its "
                     "parent's staged chain")
@@ -223,17 +236,21 @@ def _linearize(receipt, manifest, snapshots, by_id, images, packed) -> Linearize
             prompt_len = carry
         call_ids.append(record.model_call_id)
         versions.append(record.weight_version)
-        wv_spans.append(WeightVersionSpan(record.model_call_id, start, start + n, record.weight_version))
+        wv_spans.append((record.model_call_id, start, start + n, record.weight_version))
         links.append((record.model_call_id, carry, n - carry))
         start += n
+    wv_spans = [WeightVersionSpan(*span) for span in wv_spans]
 
     token_ids, token_mask, logprobs = _gather(chain, snapshots, packed)
     if not token_mask.any():
         raise R(Code.EMPTY_TRAINING_ROW, "terminal chain has no generated tokens")
     h = hashlib.sha256(PREFIX_HASH_DOMAIN)
     h.update(enc.u64(start))
-    for row in chain:
-        h.update(images[row])
+    if packed is not None and len(chain) > 1:   # the gathered ids, in one buffer
+        h.update(token_ids.astype(_BE_U64))
+    else:
+        for row in chain:
+            h.update(images[row])
     last = manifest[chain[-1]]
     if last.cumulative_hash != h.hexdigest():
         raise R(Code.CUMULATIVE_HASH_MISMATCH, f"terminal call {last.model_call_id} cumulative hash "
@@ -250,7 +267,7 @@ def _linearize(receipt, manifest, snapshots, by_id, images, packed) -> Linearize
 def _mask_shape(snapshot, packed, row) -> tuple[int, bool, int]:
     """(carry length, mask is carry-then-generation, delta length) of one row."""
     if packed is not None:
-        return packed.carry[row], packed.order_ok[row], int(packed.offsets[row + 1] - packed.offsets[row])
+        return packed.carry[row], packed.order_ok[row], packed.bounds[row + 1] - packed.bounds[row]
     mask = np.asarray(snapshot.token_mask_delta, dtype=np.float64)
     generated = mask != 0.0
     n = len(mask)
@@ -263,12 +280,14 @@ def _gather(chain, snapshots, packed):
     if packed is not None:
         if chain == list(range(len(snapshots))):
             return packed.tokens, packed.masks, packed.logprobs
-        if all(a < b for a, b in zip(chain, chain[1:])):  # chain in manifest order: one mask
-            on_chain = np.zeros(len(snapshots), dtype=bool)
-            on_chain[chain] = True
-            keep = np.repeat(on_chain, np.diff(packed.offsets))
-            return packed.tokens[keep], packed.masks[keep], packed.logprobs[keep]
-        parts = [packed.row(r) for r in chain]
+        bounds = packed.bounds
+        parts = []   # the chain's rows as slices, adjacent rows merged (off-chain rows between)
+        for r in chain:
+            start, end = bounds[r], bounds[r + 1]
+            if parts and parts[-1].stop == start:
+                parts[-1] = slice(parts[-1].start, end)
+            else:
+                parts.append(slice(start, end))
         return tuple(np.concatenate([column[p] for p in parts])
                      for column in (packed.tokens, packed.masks, packed.logprobs))
     ids = np.concatenate([np.asarray(snapshots[r].token_ids_delta, dtype=np.uint64) for r in chain])

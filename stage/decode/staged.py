@@ -4,11 +4,18 @@ Intake (poll thread) only checks what the buffer needs: ids and declared sizes. 
 conversion (tensor layouts, Gym's model rules, the call digest) runs when finalization fetches
 the row, off the poll thread; a row that fails it rejects its rollout as invalid_staging_row,
 as a failed staged-row read does in NeMo RL.
+
+A stage that never reads route payloads (deferred router replay: the policy fetches fragments
+by their Kafka coordinates; router replay off) releases them at intake (``keep_routes=False``):
+the route tensors' checks run there and what finalization needs of them (the fragment's row
+count, or the check's error) stays in a ``ReleasedRoutes``; the bytes go. Finalization then
+sees exactly what it would have seen, in the same order, without the payload.
 """
 
 from __future__ import annotations
 
 import operator
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -25,20 +32,38 @@ _TOKEN_DTYPES = ("uint32", "uint64", "int32", "int64")
 _FLOAT_DTYPES = ("float32", "float64")
 _ROUTE_DTYPES = ("int8", "int16", "int32")
 _PIXEL_DTYPES = ("float16", "float32", "bfloat16")
+_ROUTE_FIELDS = ("routed_experts", "routed_experts_boundary")
+RELEASED_ROUTES = "released_routes"   # the key a released record keeps its ReleasedRoutes under
+# Python objects of a decoded StagedCall beyond its tensor bytes (dicts, ids, digests, shapes):
+# ~3.1 kB measured with tracemalloc (tests/decode/test_staged_routes.py keeps it honest).
+DECODED_OVERHEAD_BYTES = 3_200
 _SNAPSHOT_FIELDS = ("schema_version", "digest_version", "extras_digest_version", "rollout_id",
                     "model_call_id", "parent_call_id", "mode", "prev_len", "delta_len", "cum_len",
                     "weight_version", "digest", "extras_digest", "chain_hash", "cumulative_hash")
 
 
+@dataclass(frozen=True)
+class ReleasedRoutes:
+    """What is left of a record's route tensors once their bytes are released."""
+
+    routed_len: int           # rows of the fragment (0: the call staged none)
+    error: str | None = None  # the route checks' error text, raised again at finalization
+
+
 def staged_item(record: dict, position: Position, nbytes: int,
-                limits: InputLimits = InputLimits()) -> StagedItem:
+                limits: InputLimits = InputLimits(), *, keep_routes: bool = True) -> StagedItem:
+    """``nbytes`` is the record's size on the wire; the item counts what it holds: that, less
+    any released route bytes, plus the decoded objects' overhead."""
     group_id = _identifier(record.get("group_id"), "group_id", limits)
     key = _identifier(record.get("staging_key"), "staging_key", limits)
     delta = record.get("delta_len")
     if not isinstance(delta, int) or not 0 < delta <= limits.max_delta_tokens:
         raise DecodeError(f"must be in 1..{limits.max_delta_tokens}, got {delta!r}", field="delta_len")
+    held = nbytes + DECODED_OVERHEAD_BYTES
+    if not keep_routes:
+        held -= release_routes(record, limits)
     return StagedItem(group_id=group_id, staging_key=key, payload=record, position=position,
-                      nbytes=nbytes, fingerprint=staged_fingerprint(record))
+                      nbytes=held, fingerprint=staged_fingerprint(record))
 
 
 # Tensor columns a digest the record carries stands for (``digest``: the token columns,
@@ -60,6 +85,28 @@ def staged_fingerprint(record: dict) -> tuple:
         return FINGERPRINT_FIELDS, tuple(record.get(name) for name in FINGERPRINT_FIELDS)
 
 
+def release_routes(record: dict, limits: InputLimits = InputLimits()) -> int:
+    """Check the route tensors now, keep the outcome, drop their bytes; returns bytes freed."""
+    present = [name for name in _ROUTE_FIELDS if record.get(name) is not None]
+    if not present:
+        return 0
+    freed = sum(_data_size(record[name]) for name in present)
+    try:
+        routes, _boundary = _route_tensors(record, limits)
+        released = ReleasedRoutes(0 if routes is None else int(routes.shape[0]))
+    except ValueError as error:   # WireError included: the text is what a rejection names
+        released = ReleasedRoutes(0, str(error))
+    for name in present:
+        record[name] = None
+    record[RELEASED_ROUTES] = released
+    return freed
+
+
+def _data_size(tensor) -> int:
+    data = tensor.get("data") if isinstance(tensor, dict) else None
+    return len(data) if isinstance(data, (bytes, bytearray)) else 0
+
+
 def _column(record: dict, name: str, dtypes, length: int) -> np.ndarray:
     array = unpack_tensor(record[name], expect_dtypes=dtypes, expect_ndim=1, field=name)
     if array.shape[0] != length:
@@ -69,19 +116,71 @@ def _column(record: dict, name: str, dtypes, length: int) -> np.ndarray:
 
 def staged_row(record: dict, limits: InputLimits = InputLimits()) -> StagedRow:
     """Full conversion; ValueError (wire layout or Gym model rules) rejects the rollout."""
+    ids, mask, logprobs = staged_columns(record)
+    snapshot = StagedCallBaseSnapshot(
+        **{name: record[name] for name in _SNAPSHOT_FIELDS},
+        token_ids_delta=ids, token_mask_delta=mask, generation_log_probs_delta=logprobs)
+    return staged_row_of(record, snapshot, limits)
+
+
+def staged_columns(record: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The token columns as Gym's types (uint64 ids, float64 masks and log-probs), checked."""
     delta = record["delta_len"]
     ids = _column(record, "token_ids_delta", _TOKEN_DTYPES, delta)
     if ids.dtype.kind == "i" and ids.size and int(ids.min()) < 0:
         raise ValueError("token_ids_delta must be non-negative")
     mask = _column(record, "token_mask_delta", _FLOAT_DTYPES, delta)
     logprobs = _column(record, "generation_log_probs_delta", _FLOAT_DTYPES, delta)
-    snapshot = StagedCallBaseSnapshot(
-        **{name: record[name] for name in _SNAPSHOT_FIELDS},
-        token_ids_delta=ids.astype(np.uint64), token_mask_delta=mask.astype(np.float64),
-        generation_log_probs_delta=logprobs.astype(np.float64))
+    return ids.astype(np.uint64), mask.astype(np.float64), logprobs.astype(np.float64)
+
+
+def staged_row_of(record: dict, snapshot: StagedCallBaseSnapshot, limits: InputLimits) -> StagedRow:
+    """What follows the snapshot: route encoding and tensors, media, top-k (in this order)."""
     encoding = record.get("route_encoding", ROUTE_ENCODING_NONE)
     if encoding not in (ROUTE_ENCODING_NONE, ROUTE_ENCODING_ENVELOPE, ROUTE_ENCODING_LIST):
         raise ValueError(f"unknown route encoding {encoding!r}")
+    released = record.get(RELEASED_ROUTES)
+    if released is not None:   # checked at intake, in this same order: its outcome only
+        if released.error is not None:
+            raise ValueError(released.error)
+        routes = boundary = None
+        routed = released.routed_len
+    else:
+        routes, boundary = _route_tensors(record, limits)
+        routed = None if routes is None else int(routes.shape[0])
+    return StagedRow(
+        snapshot=snapshot, route_encoding=encoding if routed else ROUTE_ENCODING_NONE,
+        routes=routes, boundary_routes=boundary, released_route_len=None if released is None else routed,
+        extras_metadata_json=record.get("extras_metadata_json", "null").encode("utf-8"),
+        media=_media(record.get("media"), limits), topk=_topk(record.get("topk"), limits))
+
+
+def staged_route_fragment(record: dict, limits: InputLimits = InputLimits()):
+    """(staging key, RouteFragment or None) of a decoded StagedCall, for a reader that replays
+    routes only: identity, route encoding and the route tensors' layout are checked (ValueError);
+    the token columns are not re-verified (the stage verified this very record before it named
+    its coordinates in a plan), and the fragment's integrity is its extras digest, which the
+    route executor checks against the plan. The tensors are views of the record's bytes."""
+    from stage.routes.fragment import RouteFragment, readonly_tensor
+    rollout_id, call_id = record.get("rollout_id"), record.get("model_call_id")
+    if not (isinstance(rollout_id, str) and rollout_id and isinstance(call_id, str) and call_id):
+        raise ValueError("staged call without rollout_id and model_call_id")
+    key = f"{rollout_id}/{call_id}"
+    encoding = record.get("route_encoding", ROUTE_ENCODING_NONE)
+    if encoding not in (ROUTE_ENCODING_NONE, ROUTE_ENCODING_ENVELOPE, ROUTE_ENCODING_LIST):
+        raise ValueError(f"unknown route encoding {encoding!r}")
+    routes, boundary = _route_tensors(record, limits)
+    if routes is None or encoding == ROUTE_ENCODING_NONE:
+        return key, None
+    return key, RouteFragment(
+        routes=readonly_tensor(routes), encoding=encoding,
+        extras_metadata_json=record.get("extras_metadata_json", "null").encode("utf-8"),
+        boundary_routes=None if boundary is None else readonly_tensor(boundary))
+
+
+def _route_tensors(record: dict, limits: InputLimits):
+    """The route fragment [delta_len, L, K] and boundary [1, L, K] views, or ValueError."""
+    delta = record["delta_len"]
     routes = boundary = None
     if record.get("routed_experts") is not None:
         routes = unpack_tensor(record["routed_experts"], expect_dtypes=_ROUTE_DTYPES, expect_ndim=3,
@@ -94,11 +193,7 @@ def staged_row(record: dict, limits: InputLimits = InputLimits()) -> StagedRow:
                                  expect_ndim=3, field="routed_experts_boundary")
         if boundary.shape[0] != 1:
             raise ValueError(f"routed_experts_boundary must be one token row, got {tuple(boundary.shape)}")
-    return StagedRow(
-        snapshot=snapshot, route_encoding=encoding if routes is not None else ROUTE_ENCODING_NONE,
-        routes=routes, boundary_routes=boundary,
-        extras_metadata_json=record.get("extras_metadata_json", "null").encode("utf-8"),
-        media=_media(record.get("media"), limits), topk=_topk(record.get("topk"), limits))
+    return routes, boundary
 
 
 def _media(obj, limits: InputLimits) -> StagedMedia | None:

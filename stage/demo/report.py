@@ -33,9 +33,11 @@ def render(report: dict) -> str:
         f"rollout-reassembler demo: {'PASS' if report['ok'] else 'FAIL'}",
         f"broker      {report['broker']}, {report['partitions']} partitions, routes {report['route_mode']}, "
         f"device {report['device']}",
-        f"workload    seed {w['seed']}: {w['groups']} groups x {w['group_size']} rollouts, {w['calls']} model calls "
+        f"workload    profile {w.get('profile', 'toy')}, seed {w['seed']}: {w['groups']} groups x "
+        f"{w['group_size']} rollouts, {w['calls']} model calls "
         f"(turns {w['turns'][0]}-{w['turns'][1]}, retries, side calls), "
-        + (f"routes L={w['route_layers']} K={w['route_topk']}" if w["route_layers"] else "no routes")
+        + (f"routes L={w['route_layers']} K={w['route_topk']} {'/'.join(w.get('route_dtypes', ()))}"
+           if w["route_layers"] else "no routes")
         + f", media rate {w['media_rate']}, sampler top-k {w['topk']}",
         "faults      " + (", ".join(f"{k} {v}" for k, v in sorted(report["faults_injected"].items())) or "none"),
         f"groups      {g['read']}/{g['expected']} read: {g['complete']} complete, {g['deadline']} at the deadline",

@@ -71,6 +71,7 @@ TANSU_FETCH = {"fetch.wait.max.ms": 20}
 @dataclass(frozen=True)
 class DemoOptions:
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    profile: str = "toy"                   # the workload profile it was built from (reported)
     bootstrap_servers: str | None = None   # None: start the embedded Tansu broker
     partitions: int = 2
     route_mode: str = "direct"             # direct | deferred | off
@@ -344,7 +345,7 @@ class Demo:
             stager = RolloutStager(producer, group.group_id, rollout.rollout_id)
             for call in rollout.calls:
                 action = rollout.staged_action(call)
-                kwargs = call.stage_kwargs(cfg.route_dtype)
+                kwargs = call.stage_kwargs()   # routes in the call's own dtype
                 if action == "send":
                     row = stager.stage(call.model_call_id, **kwargs)
                 else:  # staged but lost in transit, or changed on the way
@@ -501,6 +502,7 @@ class Demo:
             "partitions": opts.partitions, "route_mode": opts.route_mode, "device": opts.device,
             "group_timeout_ms": opts.group_timeout_ms, "topics_prefix": topics.receipts.rsplit(".", 2)[0],
             "workload": {
+                "profile": opts.profile, "route_dtypes": list(wl.config.route_dtypes),
                 "seed": wl.config.seed, "groups": wl.config.groups, "group_size": wl.config.group_size,
                 "calls": wl.calls, "turns": list(wl.config.turns), "route_layers": wl.config.route_layers,
                 "route_topk": wl.config.route_topk, "media_rate": wl.config.media_rate,

@@ -24,8 +24,9 @@ from stage.finalize.rollout import FinalizedRollout, RolloutFinalizer, _reject, 
 from stage.routes import (
     ROUTE_FAILURE_MODEL_SHAPE,
     RouteAssemblyPlan,
-    build_group_route_tensor,
     encoded_route_plan_size_bytes,
+    group_route_rows,
+    pad_route_rows,
     placeholder_route_plan,
     resolve_device,
 )
@@ -87,9 +88,22 @@ class FinalizedGroup:
     total_row_count: int
     dropped: bool = False
     drop_reason: str | None = None
-    routed_experts: torch.Tensor | None = None  # direct mode group tensor [n, max_len, L, K]
     # (row_index, rollout_id, reason) of every rejected rollout, kept even when the group drops
     rejections: list = field(default_factory=list)
+    # direct mode: the rows carry their own routes; the padded group tensor is built from them
+    # on first use (at agentic sizes it is mostly padding: one 128k-token row pads 15 others)
+    route_dims: tuple[int, int] | None = None
+    _routed_experts: torch.Tensor | None = field(default=None, repr=False)
+
+    @property
+    def routed_experts(self) -> torch.Tensor | None:
+        """Direct mode group tensor ``[n, max_len, L, K]`` int16, -1 padded (None otherwise)."""
+        if self._routed_experts is None and self.route_dims is not None and self.rows:
+            max_len = max(row.input_lengths for row in self.rows)
+            self._routed_experts = pad_route_rows(
+                [row.routed_experts if row.valid else None for row in self.rows], max_len,
+                self.route_dims, device=self.rows[0].input_ids.device)
+        return self._routed_experts
 
 
 def _demote(row: FinalizedRollout, reason: str) -> FinalizedRollout:
@@ -148,7 +162,7 @@ class GroupFinalizer(RolloutFinalizer):
                              f"{sample_ids} != {list(canonical_sample_ids)}")
         out_rows = self._tensorize(group_id, rows, sample_ids, min_wv, max_wv, prompt_idx,
                                    mask_sample, loss_multiplier)
-        group_routes = self._attach_group_routes(out_rows, rows, metrics)
+        route_dims = self._attach_group_routes(out_rows, rows, metrics)
         self._attach_group_media(out_rows, rows)
         if cfg.router_replay and cfg.defer_routes:
             self._attach_plans(out_rows, rows, metrics)
@@ -172,7 +186,7 @@ class GroupFinalizer(RolloutFinalizer):
             staging_keys=all_keys if cfg.router_replay and cfg.defer_routes else [],
             cleanup_staging_keys=all_keys, canonical_output_tokens=output_tokens,
             metrics=metrics, valid_row_count=len(valid_rows), total_row_count=n,
-            routed_experts=group_routes, rejections=rejections)
+            rejections=rejections, route_dims=route_dims)
 
     def _settle_route_dims(self, rows: list[FinalizedRollout]) -> list[FinalizedRollout]:
         """Direct mode: the group's route tensor has one (L, K): the configured dims, else the
@@ -255,19 +269,23 @@ class GroupFinalizer(RolloutFinalizer):
                 generation_topk_logprobs=topk_lps))
         return out
 
-    def _attach_group_routes(self, out_rows, rows, metrics) -> torch.Tensor | None:
+    def _attach_group_routes(self, out_rows, rows, metrics) -> tuple[int, int] | None:
+        """Direct mode: each row's routes (a placeholder's: its one -1 token); returns the dims
+        the group tensor is built with (FinalizedGroup.routed_experts, on first use)."""
         if not self.config.direct_routes:
             return None
         lengths = [len(r.token_ids) if r.valid else 0 for r in rows]
-        max_len = max(row.input_lengths for row in out_rows)
-        tensor, route_metrics = build_group_route_tensor(
+        routes, route_metrics = group_route_rows(
             [r.routed_experts for r in rows], lengths, self.dims_cache,
             valid=[r.valid for r in rows], rollout_ids=[r.rollout_id for r in rows],
-            max_len=max_len, device=self.config.device)
+            device=self.config.device)
         metrics.update(route_metrics)
-        for i, row in enumerate(out_rows):
-            row.routed_experts = tensor[i, :row.input_lengths]
-        return tensor
+        layers, topk = self.dims_cache.dims
+        device = resolve_device(self.config.device)
+        for row, own in zip(out_rows, routes):
+            row.routed_experts = own if own is not None else torch.full(
+                (row.input_lengths, layers, topk), -1, dtype=torch.int16, device=device)
+        return self.dims_cache.dims
 
     def _attach_group_media(self, out_rows, rows) -> None:
         device = resolve_device(self.config.device)

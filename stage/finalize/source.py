@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
-import torch
 
 from stage.contract import StagedCallBaseSnapshot, StagedCallRecord, decode_routed_experts
 from stage.finalize.media import StagedMedia
@@ -26,7 +25,7 @@ from stage.routes import (
     RouteFragment,
     encode_extras_metadata_json,
 )
-from stage.routes.fragment import metadata_boundary_index, parse_extras_metadata
+from stage.routes.fragment import metadata_boundary_index, parse_extras_metadata, readonly_tensor
 
 
 @dataclass(frozen=True, eq=False)
@@ -46,6 +45,8 @@ class StagedRow:
     extras_metadata_json: bytes = b"null"
     media: StagedMedia | None = None
     topk: TopK | None = None
+    # The route payload was released at intake (a stage that never reads it): its row count.
+    released_route_len: int | None = None
 
     @property
     def staging_key(self) -> str:
@@ -53,16 +54,22 @@ class StagedRow:
 
     @property
     def routed_len(self) -> int:
+        if self.released_route_len is not None:
+            return self.released_route_len
         return 0 if self.routes is None else int(self.routes.shape[0])
 
     def fragment(self) -> RouteFragment | None:
         if self.route_encoding == ROUTE_ENCODING_NONE:
             return None
+        if self.released_route_len is not None:
+            raise KeyError("staged row's route payload was released at intake (this stage "
+                           "keeps no route payloads: deferred router replay or none)")
         if self.routes is None:
             raise KeyError("staged row metadata names routed_experts but its field is absent")
-        # copies: staged arrays may be read-only views of the wire buffer
-        boundary = None if self.boundary_routes is None else torch.tensor(self.boundary_routes)
-        return RouteFragment(routes=torch.tensor(self.routes), encoding=self.route_encoding,
+        # views, no copy: staged arrays are read-only views of the wire buffer, which the
+        # integrity check and the executor only read
+        boundary = None if self.boundary_routes is None else readonly_tensor(self.boundary_routes)
+        return RouteFragment(routes=readonly_tensor(self.routes), encoding=self.route_encoding,
                              extras_metadata_json=self.extras_metadata_json,
                              boundary_routes=boundary)
 

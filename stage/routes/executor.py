@@ -7,7 +7,7 @@ mode turns it into an all-sentinel row plus a counted fallback.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -36,7 +36,7 @@ from stage.routes.fragment import (
     parse_extras_metadata,
     verify_route_fragment_integrity,
 )
-from stage.routes.plan import RouteAssemblyPlan
+from stage.routes.plan import RouteAssemblyPlan, RouteSpan
 
 ROUTED_EXPERTS_FALLBACK_DTYPE = torch.int16  # output dtype whatever was staged
 RouteResult = tuple[torch.Tensor | None, str | None]
@@ -50,17 +50,19 @@ def execute_route_plan(
     dims: tuple[int, int],
     canonical_len: int,
     device: DeviceSpec = "cpu",
+    integrity: Callable[[RouteSpan, RouteFragment], bool] = verify_route_fragment_integrity,
 ) -> RouteResult:
-    """Assemble ``[canonical_len, L, K]`` int16 routes (−1 where nothing contributed)."""
+    """Assemble ``[canonical_len, L, K]`` int16 routes (−1 where nothing contributed).
+
+    ``integrity(span, fragment)`` is the receipt-bound check (a caller that already verified a
+    fragment against that span's digest may answer from memory). Every row is written once:
+    from a fragment (converted to int16 as it is copied) or with the sentinel."""
     if canonical_len != plan.expected_token_length:
         return None, ROUTE_FAILURE_CANONICAL_LENGTH
     layers, topk = dims
     target = resolve_device(device)
-    out = torch.full(
-        (canonical_len, layers, topk),
-        ROUTE_MISSING_SENTINEL,
-        dtype=ROUTED_EXPERTS_FALLBACK_DTYPE,
-        device=target,
+    out = torch.empty(
+        (canonical_len, layers, topk), dtype=ROUTED_EXPERTS_FALLBACK_DTYPE, device=target
     )
     position = 0
     for span in plan.spans:
@@ -70,12 +72,14 @@ def execute_route_plan(
             generation_len=span.generation_len,
             staged_route_len=span.staged_route_len,
         )
-        if mode != ROUTE_SPAN_SENTINEL:
+        if mode == ROUTE_SPAN_SENTINEL:
+            out[position : position + contribution] = ROUTE_MISSING_SENTINEL
+        else:
             fragment = fragments.get(span.staging_key)
             if fragment is None:
                 return None, ROUTE_FAILURE_MISSING_FRAGMENT
             # Integrity before shape: an untrusted tensor's shape is not worth diagnosing.
-            if not verify_route_fragment_integrity(span, fragment):
+            if not integrity(span, fragment):
                 return None, ROUTE_FAILURE_INTEGRITY
             routes = fragment.routes
             if routes.dim() != 3:
@@ -99,12 +103,12 @@ def execute_route_plan(
                 # here instead of a torch shape error on the write below.
                 return None, ROUTE_FAILURE_ASSEMBLED_LENGTH
 
-            rows = routes.to(device=target, dtype=ROUTED_EXPERTS_FALLBACK_DTYPE)
             if mode == ROUTE_SPAN_FULL:
-                out[position : position + contribution] = rows
+                out[position : position + contribution].copy_(routes)
             else:  # tail: generated suffix only; carry positions stay sentinel
                 gen = span.generation_len
-                out[position + span.carry_len : position + contribution] = rows[-gen:]
+                out[position : position + span.carry_len] = ROUTE_MISSING_SENTINEL
+                out[position + span.carry_len : position + contribution].copy_(routes[-gen:])
 
             if span.repair_previous_token:
                 if (
@@ -115,12 +119,11 @@ def execute_route_plan(
                     return None, ROUTE_FAILURE_BOUNDARY
                 # The parent's last sampled token was never routed by its own call;
                 # the child's prefill routed it, so that route replaces the placeholder.
-                out[position - 1] = boundary[0].to(
-                    device=target, dtype=ROUTED_EXPERTS_FALLBACK_DTYPE
-                )
+                out[position - 1].copy_(boundary[0])
         position += contribution
     if plan.spans and position != canonical_len:
         return None, ROUTE_FAILURE_ASSEMBLED_LENGTH
+    out[position:] = ROUTE_MISSING_SENTINEL  # no spans at all: the whole row
     return out, None
 
 
@@ -186,6 +189,25 @@ def build_group_route_tensor(
     all rows valid; ``max_len`` defaults to ``max(max(1, length))`` as in finalize_group.
     Raises RuntimeError when dims are unknown or a row's routes have the wrong shape.
     """
+    rows, metrics = group_route_rows(rows_routes, lengths, dims_cache, valid=valid,
+                                     rollout_ids=rollout_ids, device=device)
+    if max_len is None:
+        max_len = max((max(1, length) for length in lengths), default=1)
+    return pad_route_rows(rows, max_len, dims_cache.dims, device=device), metrics
+
+
+def group_route_rows(
+    rows_routes: Sequence[torch.Tensor | None],
+    lengths: Sequence[int],
+    dims_cache: RouteDimsCache,
+    *,
+    valid: Sequence[bool] | None = None,
+    rollout_ids: Sequence[str] | None = None,
+    device: DeviceSpec = "cpu",
+) -> tuple[list[torch.Tensor | None], dict[str, float]]:
+    """The group tensor's checks and metrics without building it: each valid row's routes as
+    they are (``[length, L, K]``, all -1 for a valid row that staged none) and None for the
+    placeholders, whose rows are all -1 (``pad_route_rows`` builds the tensor from these)."""
     n = len(rows_routes)
     if len(lengths) != n:
         raise ValueError(f"rows_routes and lengths must be parallel: {n} != {len(lengths)}")
@@ -202,24 +224,20 @@ def build_group_route_tensor(
     if dims_cache.dims is None:
         raise RuntimeError(UNKNOWN_ROUTE_DIMS_MESSAGE)
     layers, topk = dims_cache.dims
-    if max_len is None:
-        max_len = max((max(1, length) for length in lengths), default=1)
     target = resolve_device(device)
-    out = torch.full(
-        (n, max_len, layers, topk),
-        ROUTE_MISSING_SENTINEL,
-        dtype=ROUTED_EXPERTS_FALLBACK_DTYPE,
-        device=target,
-    )
 
+    out: list[torch.Tensor | None] = []
     valid_rows = rows_with_routes = covered_tokens = sentinel_tokens = 0
     for i, (ok, routes, length) in enumerate(zip(valid, rows_routes, lengths)):
         if not ok:
+            out.append(None)
             continue
         valid_rows += 1
         covered_tokens += length
         if routes is None:
             sentinel_tokens += length
+            out.append(torch.full((length, layers, topk), ROUTE_MISSING_SENTINEL,
+                                  dtype=ROUTED_EXPERTS_FALLBACK_DTYPE, device=target))
             continue
         expected = (length, layers, topk)
         if tuple(routes.shape) != expected:
@@ -227,11 +245,10 @@ def build_group_route_tensor(
                 f"rebuilt routed_experts shape {tuple(routes.shape)} does not match "
                 f"{expected} for rollout {ids[i]}"
             )
-        rows = routes.to(device=target, dtype=ROUTED_EXPERTS_FALLBACK_DTYPE)
-        out[i, :length] = rows
+        rows = routes.to(device=target, dtype=ROUTED_EXPERTS_FALLBACK_DTYPE)  # no copy if it is
+        out.append(rows)
         rows_with_routes += 1
-        # Positions where every layer/top-k slot is the sentinel got no route at all.
-        sentinel_tokens += int((rows == ROUTE_MISSING_SENTINEL).flatten(1).all(dim=1).sum())
+        sentinel_tokens += _unrouted_tokens(rows)
 
     metrics: dict[str, float] = {}
     if valid_rows:
@@ -239,3 +256,33 @@ def build_group_route_tensor(
     if covered_tokens:
         metrics[METRIC_ROUTED_EXPERTS_SENTINEL_TOKEN_FRACTION] = sentinel_tokens / covered_tokens
     return out, metrics
+
+
+def pad_route_rows(rows: Sequence[torch.Tensor | None], max_len: int, dims: tuple[int, int], *,
+                   device: DeviceSpec = "cpu") -> torch.Tensor:
+    """``[n, max_len, L, K]`` int16: each row's routes, -1 after them and for None rows."""
+    layers, topk = dims
+    target = resolve_device(device)
+    # Written once per element: a row's routes, then the sentinel for the rest of its row.
+    out = torch.empty((len(rows), max_len, layers, topk), dtype=ROUTED_EXPERTS_FALLBACK_DTYPE,
+                      device=target)
+    for i, routes in enumerate(rows):
+        written = 0 if routes is None else int(routes.shape[0])
+        if written:
+            out[i, :written].copy_(routes)
+        out[i, written:] = ROUTE_MISSING_SENTINEL
+    return out
+
+
+def _unrouted_tokens(rows: torch.Tensor) -> int:
+    """Positions where every layer/top-k slot is the sentinel (the token got no route at all).
+
+    A token's row can only be all sentinel if its first slot is: the full rows are compared for
+    those candidates only (one slot per token read, not L*K)."""
+    if rows.shape[0] == 0 or rows[0].numel() == 0:
+        return 0
+    flat = rows.reshape(rows.shape[0], -1)
+    candidates = torch.nonzero(flat[:, 0] == ROUTE_MISSING_SENTINEL).flatten()
+    if candidates.numel() == 0:
+        return 0
+    return int((flat[candidates] == ROUTE_MISSING_SENTINEL).all(dim=1).sum())

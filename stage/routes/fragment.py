@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from stage.contract import EXTRAS_DIGEST_VERSION, compute_extras_digest, encode_routed_experts
+from stage.contract import EXTRAS_DIGEST_VERSION, RouteEnvelope, compute_extras_digest
 from stage.routes.constants import (
     ROUTE_ENCODING_ENVELOPE,
     ROUTE_ENCODING_LIST,
@@ -45,6 +45,17 @@ class RouteFragment:
     encoding: int  # ROUTE_ENCODING_* the digest was committed over
     extras_metadata_json: bytes  # canonical extras minus the route keys, or b"null"
     boundary_routes: torch.Tensor | None = None  # v3 sidecar [1, L, K]
+
+
+def readonly_tensor(array) -> torch.Tensor:
+    """A CPU tensor over a read-only array's memory, no copy (staged route tensors are views of
+    the decoded record's bytes). torch has no read-only tensors: nothing may write to it (the
+    executor and the integrity check only read). numpy < 2.1 cannot export read-only memory:
+    then a private copy."""
+    try:
+        return torch.from_dlpack(array)
+    except (BufferError, TypeError, RuntimeError):
+        return torch.from_numpy(array.copy())
 
 
 def encode_extras_metadata_json(extras: Mapping[str, Any] | None) -> bytes:
@@ -98,22 +109,27 @@ def metadata_boundary_index(metadata: Mapping[str, Any]) -> int | None:
     return index
 
 
-def envelope_of(tensor: torch.Tensor) -> str:
-    """``nrlre1`` envelope of a tensor in its own dtype (TQ/Kafka must preserve it)."""
+def envelope_parts(tensor: torch.Tensor) -> RouteEnvelope:
+    """The ``nrlre1`` envelope of a tensor in its own dtype (TQ/Kafka must preserve it), as
+    parts: no copy of a contiguous CPU tensor, no base64 string."""
     dtype = _ENVELOPE_DTYPES.get(tensor.dtype)
     if dtype is None:
         raise ValueError(f"unsupported routed_experts dtype {tensor.dtype}")
-    return encode_routed_experts(tensor.detach().cpu().numpy(), dtype=dtype)
+    return RouteEnvelope.of(tensor.detach().cpu().numpy(), dtype)
 
 
-def rebuild_route_extras(fragment: RouteFragment) -> dict[str, Any]:
-    """The extras dict exactly as committed; raises ValueError/TypeError when impossible."""
+def envelope_of(tensor: torch.Tensor) -> str:
+    """``nrlre1`` envelope string of a tensor in its own dtype."""
+    return envelope_parts(tensor).text()
+
+
+def _route_extras(fragment: RouteFragment, envelope) -> dict[str, Any]:
     extras = dict(parse_extras_metadata(fragment.extras_metadata_json))
     routes = fragment.routes
     if not isinstance(routes, torch.Tensor):
         raise TypeError(f"fragment routes must be a tensor, got {type(routes).__name__}")
     if fragment.encoding == ROUTE_ENCODING_ENVELOPE:
-        extras[ROUTED_EXPERTS_FIELD] = envelope_of(routes)
+        extras[ROUTED_EXPERTS_FIELD] = envelope(routes)
     elif fragment.encoding == ROUTE_ENCODING_LIST:
         extras[ROUTED_EXPERTS_FIELD] = routes.tolist()
     else:
@@ -122,10 +138,15 @@ def rebuild_route_extras(fragment: RouteFragment) -> dict[str, Any]:
     if index is not None:
         if fragment.boundary_routes is None:
             raise ValueError("metadata names a boundary index but no boundary route was staged")
-        extras[ROUTED_EXPERTS_BOUNDARY_FIELD] = envelope_of(fragment.boundary_routes)
+        extras[ROUTED_EXPERTS_BOUNDARY_FIELD] = envelope(fragment.boundary_routes)
     elif fragment.boundary_routes is not None:
         raise ValueError("boundary route staged without a boundary index")
     return extras
+
+
+def rebuild_route_extras(fragment: RouteFragment) -> dict[str, Any]:
+    """The extras dict exactly as committed; raises ValueError/TypeError when impossible."""
+    return _route_extras(fragment, envelope_of)
 
 
 def verify_route_fragment_integrity(span: Any, fragment: RouteFragment) -> bool:
@@ -135,7 +156,7 @@ def verify_route_fragment_integrity(span: Any, fragment: RouteFragment) -> bool:
         version = span.extras_digest_version
         if type(version) is not int or version != EXTRAS_DIGEST_VERSION:
             return False
-        extras = rebuild_route_extras(fragment)
-        return compute_extras_digest(extras) == span.extras_digest
+        # the envelopes as parts: the digest streams their base64, no string is built
+        return compute_extras_digest(_route_extras(fragment, envelope_parts)) == span.extras_digest
     except (TypeError, ValueError, RuntimeError, AttributeError, OverflowError):
         return False

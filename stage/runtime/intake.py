@@ -38,11 +38,14 @@ logger = logging.getLogger("stage.runtime.loop")
 
 
 class Intake:
-    def __init__(self, *, topics, codecs, limits, partition_count, partitions, pauses, resolver,
-                 clients, stats, rewind) -> None:
+    def __init__(self, *, topics, codecs, limits, keep_routes, partition_count, partitions, pauses,
+                 resolver, clients, stats, rewind) -> None:
         self.topics = topics                    # TopicNames
         self.codecs = codecs
         self.limits = limits
+        # Route payloads are held only where finalization reads them (direct router replay);
+        # otherwise they are checked at decode and released (stage.decode.staged).
+        self.keep_routes = keep_routes
         self.partition_count = partition_count  # () -> the input topics' partition count
         self.partitions = partitions
         self.pauses = pauses
@@ -83,8 +86,10 @@ class Intake:
             if value is None:
                 raise DecodeError("the record has no value (a tombstone); input records carry one")
             record = codec.decode(value, fetch=False)
-            make = receipt_item if receipts else staged_item
-            item = make(record, position, len(value), self.limits)
+            if receipts:
+                item = receipt_item(record, position, len(value), self.limits)
+            else:
+                item = staged_item(record, position, len(value), self.limits, keep_routes=self.keep_routes)
             check_routing(msg.key(), item.group_id, partition, self.partition_count())
         except SchemaNotCached as pending:   # not consumed: read again once the id is resolved
             self._put_back(msg)

@@ -104,6 +104,7 @@ class StageRuntime:
                                  partitions=parts, pauses=self.pauses, clients=self.clients,
                                  stop=self._stop)
         self.intake = Intake(topics=cfg.topics, codecs=self.codecs, limits=self.limits,
+                             keep_routes=cfg.finalize.direct_routes,
                              partition_count=lambda: self.partition_count, partitions=parts,
                              pauses=self.pauses, resolver=self.resolver, clients=self.clients,
                              stats=stats, rewind=rewind)

@@ -1,9 +1,14 @@
-"""TokenSource over a group's buffered StagedCall records (finalization reads from here)."""
+"""TokenSource over a group's buffered StagedCall records (finalization reads from here).
+
+A fetch converts the records it has not converted yet together (``staged_rows``: one pass
+validates their snapshots and call digests), then each key in order through ``staged_row``
+unless that pass already produced its row, so errors are those of converting one at a time."""
 
 from __future__ import annotations
 
 from stage.buffer import StagedItem
 from stage.decode import InputLimits, staged_row
+from stage.decode.staged_batch import staged_rows
 from stage.finalize import FetchedStagedCall, StagedMedia, StagedRow
 from stage.finalize.source import fetched_from_rows
 
@@ -30,6 +35,14 @@ class BufferTokenSource:
         self._rows[key] = row
         return row
 
+    def _convert_together(self, keys) -> None:
+        todo = [k for k in keys if k not in self._rows and k in self.staged]
+        if len(todo) < 2:
+            return
+        for key, row in zip(todo, staged_rows([self.staged[k].payload for k in todo], self.limits)):
+            if row is not None:
+                self._rows[key] = row
+
     def fetch_for_finalization(self, staging_keys, *, include_route_fragments=False,
                                include_topk=False) -> list[FetchedStagedCall]:
         keys = list(staging_keys)
@@ -37,6 +50,7 @@ class BufferTokenSource:
             return []
         if len(set(keys)) != len(keys):
             raise KeyError("finalization staging request contains duplicate keys")
+        self._convert_together(keys)
         return fetched_from_rows(keys, [self._row(k) for k in keys], where=self.partition_name,
                                  include_route_fragments=include_route_fragments,
                                  include_topk=include_topk)

@@ -12,6 +12,11 @@ Each call's Gym record is built here with ``RolloutBuilder`` from its own extras
 envelopes and boundary index computed here), so a producer that stages the same inputs must
 return exactly these manifest rows. ``generate(config)`` is a pure function of the config:
 the same seed gives the same bytes.
+
+Sizes: by default every call's token counts are drawn from the ``*_tokens`` ranges (small,
+toy-sized rollouts). With ``rollout_tokens=(mean, max)`` each rollout first draws its length
+(log-normal around the mean, capped at the max) and its turns share it, as long agentic
+rollouts do (``stage.workload.profiles``: the named profiles).
 """
 
 from __future__ import annotations
@@ -21,8 +26,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from stage.contract import CallRecord, RolloutReceipt, StagedCallRecord, encode_routed_experts
-from stage.contract.producer import RolloutBuilder
+from stage.contract import CallRecord, RolloutReceipt, RouteEnvelope, StagedCallRecord
+from stage.contract.producer import RolloutBuilder, StagedCall
 from stage.finalize import StagedMedia, TopK
 from stage.routes import (
     ROUTED_EXPERTS_BOUNDARY_FIELD,
@@ -33,6 +38,7 @@ from stage.wire import AvroCodec, WireError
 from stage.workload import faults as F
 
 CHAIN, RETRY, SIDE = "chain", "retry", "side"
+_ROUTE_RANGES = {"int8": 127, "int16": 32_767, "int32": 2**31 - 1}  # largest expert id
 
 
 @dataclass(frozen=True)
@@ -50,7 +56,7 @@ class WorkloadConfig:
     route_layers: int = 4                     # L (0: a dense model, no routes)
     route_topk: int = 2                       # K
     num_experts: int = 64
-    route_dtype: str = "int16"
+    route_dtype: str | tuple[str, ...] = "int16"   # a tuple: one drawn per rollout (its worker's)
     boundary_routes: bool = True
     media_rate: float = 0.0                   # a rollout's prompt carries an image
     media_patch_size: int = 14
@@ -59,6 +65,8 @@ class WorkloadConfig:
     seed: int = 0
     faults: F.FaultRates = field(default_factory=F.FaultRates)
     group_prefix: str = "g"
+    # (mean, max) tokens of a rollout's terminal chain; None: per-call ranges above
+    rollout_tokens: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         if self.groups < 0 or self.group_size <= 0:
@@ -72,6 +80,22 @@ class WorkloadConfig:
                 raise ValueError(f"{name} must be in [0, 1]")
         if self.route_layers < 0 or (self.route_layers and self.route_topk <= 0):
             raise ValueError("route_layers must be >= 0 and route_topk > 0 with routes")
+        for dtype in self.route_dtypes:
+            if dtype not in _ROUTE_RANGES:
+                raise ValueError(f"route_dtype must be one of {sorted(_ROUTE_RANGES)}, got {dtype!r}")
+            if self.routes and self.num_experts - 1 > _ROUTE_RANGES[dtype]:
+                raise ValueError(f"{self.num_experts} experts do not fit route_dtype {dtype}")
+        if self.rollout_tokens is not None:
+            mean, most = self.rollout_tokens
+            if not 1 <= mean <= most:
+                raise ValueError(f"rollout_tokens must be (mean, max) with 1 <= mean <= max, "
+                                 f"got {self.rollout_tokens}")
+            if most < self.prompt_tokens[1] + 2 * self.turns[1]:
+                raise ValueError("rollout_tokens max leaves no room for the prompt and the turns")
+
+    @property
+    def route_dtypes(self) -> tuple[str, ...]:
+        return (self.route_dtype,) if isinstance(self.route_dtype, str) else tuple(self.route_dtype)
 
     @property
     def routes(self) -> tuple[int, int] | None:
@@ -89,19 +113,27 @@ class CallSpec:
     generated: np.ndarray                      # uint64
     logprobs: np.ndarray                       # float64 (float32-exact)
     weight_version: int
-    routed_experts: np.ndarray | None          # int64 [delta, L, K]
-    routed_experts_boundary: np.ndarray | None  # int64 [1, L, K]
+    routed_experts: np.ndarray | None          # [delta, L, K] in route_dtype
+    routed_experts_boundary: np.ndarray | None  # [1, L, K] in route_dtype
     media: StagedMedia | None
     topk: TopK | None
-    record: StagedCallRecord
+    staged: StagedCall                         # snapshot + extras (route envelopes as parts)
     manifest_row: CallRecord
+    route_dtype: str = "int16"                 # the dtype its worker stages routes in
+
+    @property
+    def record(self) -> StagedCallRecord:
+        """The Gym record (its envelope strings written out on first use)."""
+        return self.staged.record
 
     @property
     def staging_key(self) -> str:
         return self.manifest_row.staging_key
 
-    def stage_kwargs(self, route_dtype: str = "int16") -> dict:
-        """Keyword arguments of ``RolloutStager.prepare``/``stage`` for this call."""
+    def stage_kwargs(self, route_dtype: str | None = None) -> dict:
+        """Keyword arguments of ``RolloutStager.prepare``/``stage`` for this call (routes in
+        the call's own dtype unless ``route_dtype`` says otherwise)."""
+        route_dtype = route_dtype or self.route_dtype
         return dict(parent_call_id=self.parent_call_id, prompt_delta=self.prompt_delta,
                     generated=self.generated, generated_logprobs=self.logprobs,
                     weight_version=self.weight_version, routed_experts=self.routed_experts,
@@ -247,27 +279,32 @@ class _RolloutMaker:
         self.version = cfg.weight_version + int(rng.integers(0, 2))
         self.calls: list[CallSpec] = []
         self.lengths: dict[str, int] = {}  # call id -> full sequence length
+        dtypes = cfg.route_dtypes  # drawn only when there is a choice (keeps single-dtype streams)
+        self.route_dtype = dtypes[int(rng.integers(0, len(dtypes)))] if len(dtypes) > 1 else dtypes[0]
 
     def tokens(self, n: int) -> np.ndarray:
         return self.rng.integers(0, self.cfg.vocab_size, n).astype(np.uint64)
 
     def call(self, call_id: str, parent: str | None, prompt_delta: np.ndarray, role: str,
-             media: StagedMedia | None = None) -> CallSpec:
+             media: StagedMedia | None = None, generated_len: int | None = None) -> CallSpec:
         cfg, rng = self.cfg, self.rng
         if rng.random() < cfg.version_bump_rate:
             self.version += 1
-        generated = self.tokens(_between(rng, cfg.generated_tokens))
+        if generated_len is None:
+            generated_len = _between(rng, cfg.generated_tokens)
+        generated = self.tokens(generated_len)
         logprobs = (-rng.exponential(0.7, len(generated))).astype(np.float32).astype(np.float64)
         delta = len(prompt_delta) + len(generated)
         routes = boundary = None
         extras = None
         if cfg.routes is not None:
             layers, k = cfg.routes
-            routes = rng.integers(0, cfg.num_experts, (delta, layers, k))
-            extras = {ROUTED_EXPERTS_FIELD: encode_routed_experts(routes, cfg.route_dtype)}
+            dtype = self.route_dtype   # held in the staged dtype: agentic groups carry GBs of routes
+            routes = rng.integers(0, cfg.num_experts, (delta, layers, k)).astype(dtype)
+            extras = {ROUTED_EXPERTS_FIELD: RouteEnvelope.of(routes, dtype)}
             if parent is not None and cfg.boundary_routes:
-                boundary = rng.integers(0, cfg.num_experts, (1, layers, k))
-                extras[ROUTED_EXPERTS_BOUNDARY_FIELD] = encode_routed_experts(boundary, cfg.route_dtype)
+                boundary = rng.integers(0, cfg.num_experts, (1, layers, k)).astype(dtype)
+                extras[ROUTED_EXPERTS_BOUNDARY_FIELD] = RouteEnvelope.of(boundary, dtype)
                 # the parent's last token, in the canonical row's coordinates
                 extras[ROUTED_EXPERTS_BOUNDARY_INDEX_FIELD] = self.lengths[parent] - 1
         topk = None
@@ -281,8 +318,8 @@ class _RolloutMaker:
             response_id=f"resp-{self.builder.rollout_id}-{call_id}")
         self.lengths[call_id] = (self.lengths[parent] if parent else 0) + delta
         spec = CallSpec(call_id, parent, role, np.asarray(prompt_delta, np.uint64), generated,
-                        logprobs, self.version, routes, boundary, media, topk, staged.record,
-                        staged.manifest_row)
+                        logprobs, self.version, routes, boundary, media, topk, staged,
+                        staged.manifest_row, self.route_dtype)
         self.calls.append(spec)
         return spec
 
@@ -290,16 +327,45 @@ class _RolloutMaker:
         cfg, rng = self.cfg, self.rng
         turns = _between(rng, cfg.turns)
         side_at = int(rng.integers(0, turns)) if rng.random() < cfg.side_call_rate else -1
+        plan = self._turn_plan(turns) if cfg.rollout_tokens is not None else None
         parent: str | None = None
         for turn in range(turns):
-            prompt_delta = self.prompt if parent is None else self.tokens(_between(rng, cfg.turn_tokens))
+            carry, generated = plan[turn] if plan is not None else (None, None)
+            if parent is None:
+                prompt_delta = self.prompt
+            else:
+                prompt_delta = self.tokens(carry if carry is not None else _between(rng, cfg.turn_tokens))
             media = self.image if parent is None else None
             if rng.random() < cfg.retry_rate:  # first attempt abandoned (e.g. a tool-call parse error)
-                self.call(f"t{turn}a", parent, prompt_delta, RETRY, media)
-            parent = self.call(f"t{turn}", parent, prompt_delta, CHAIN, media).model_call_id
+                self.call(f"t{turn}a", parent, prompt_delta, RETRY, media, generated)
+            parent = self.call(f"t{turn}", parent, prompt_delta, CHAIN, media, generated).model_call_id
             if turn == side_at:
-                self.call(f"side{turn}", None, self.tokens(_between(rng, cfg.prompt_tokens)), SIDE)
+                self.call(f"side{turn}", None, self.tokens(_between(rng, cfg.prompt_tokens)), SIDE,
+                          generated_len=generated)
         return self.calls, parent
+
+    def _turn_plan(self, turns: int) -> list[tuple[int, int]]:
+        """(carry, generated) tokens of each chain turn for a rollout of a drawn length: a
+        log-normal around the configured mean (long agentic rollouts are heavy-tailed), capped
+        at the max; turns share it unevenly, carry (tool output, user turn) and generation
+        split at random. The root's carry is the group prompt, so its entry carries 0."""
+        mean, most = self.cfg.rollout_tokens
+        sigma = 0.6
+        target = float(self.rng.lognormal(np.log(mean) - sigma * sigma / 2, sigma))
+        budget = int(min(most, max(target, len(self.prompt) + 2 * turns))) - len(self.prompt)
+        share = self.rng.uniform(0.5, 1.5, turns)
+        generated_part = self.rng.uniform(0.25, 0.6, turns)
+        size = share / share.sum() * budget
+        generated = np.maximum(1, np.floor(size * generated_part)).astype(np.int64)
+        carry = np.maximum(1, np.floor(size - generated)).astype(np.int64)
+        carry[0] = 0
+        while carry.sum() + generated.sum() > budget:  # floors of 1 can overshoot a tight budget
+            i = int(np.argmax(carry + generated))
+            if carry[i] > 1:
+                carry[i] -= 1
+            else:
+                generated[i] -= 1
+        return [(int(c), int(g)) for c, g in zip(carry, generated)]
 
 
 def _image(cfg: WorkloadConfig, rng: np.random.Generator) -> StagedMedia:

@@ -102,6 +102,45 @@ def test_deferred_plans_fetch_fragments_by_coordinates_and_rebuild_the_direct_ro
         assert other_model.failures == {"fragment_model_shape": 1}
 
 
+def test_the_fetcher_verifies_a_fragment_once_and_keeps_its_cache_within_its_byte_budget(kafka):
+    topics = _topics(kafka)
+    producer = StagingProducer(kafka.bootstrap, topics=topics)
+    records, receipts, coords = _stage_group(producer, "cache", n=2, turns=3)
+    deferred = _finalize("cache", records, receipts, ReassemblyConfig(router_replay=True, defer_routes=True))
+    direct = _finalize("cache", records, receipts, ReassemblyConfig(router_replay=True))
+    plans = [plan_record(row, coords) for row in deferred.rows]
+    spans = sum(1 for plan in plans for s in plan["spans"] if s["fragment"] is not None)
+
+    def group():
+        return TrainingGroup("cache", [row_from_record(ROWS.decode(ROWS.encode(row_record(r))))
+                                       for r in deferred.rows], [row_record(r) for r in deferred.rows], plans)
+
+    with DeferredRouteFetcher(kafka.bootstrap, dims=(L, K), config=CLIENT, verify_threads=1) as fetcher:
+        first = fetcher.attach(group())
+        assert (fetcher.fetched, fetcher.verified, fetcher.verified_cached) == (spans, spans, 0)
+        again = fetcher.attach(group())          # cache hits: nothing read, nothing re-hashed
+        assert (fetcher.fetched, fetcher.verified, fetcher.verified_cached) == (spans, spans, spans)
+        for a, b, want in zip(first, again, direct.rows):
+            assert torch.equal(a, want.routed_experts) and torch.equal(b, want.routed_experts)
+    with DeferredRouteFetcher(kafka.bootstrap, dims=(L, K), config=CLIENT, verify_threads=3) as threaded:
+        for _ in range(2):                       # checked ahead on threads, still once each
+            assert all(torch.equal(r, w.routed_experts) for r, w in zip(threaded.attach(group()), direct.rows))
+        assert (threaded.fetched, threaded.verified, threaded.failures) == (spans, spans, {})
+        entry = next(iter(fetcher.cache.values()))
+        assert fetcher.cached_bytes == sum(e.nbytes for e in fetcher.cache.values())
+        # the entry holds the route bytes, not the record: a fragment and its boundary only
+        assert entry.nbytes < entry.fragment.routes.nbytes + 2048 + 64
+
+    budget = 2 * max(e.nbytes for e in fetcher.cache.values())
+    with DeferredRouteFetcher(kafka.bootstrap, dims=(L, K), config=CLIENT, cache_bytes=budget) as small:
+        routes = small.attach(group())
+        assert small.cached_bytes <= budget and 0 < len(small.cache) <= 2
+        assert small.failures == {} and all(torch.equal(r, w.routed_experts) for r, w in zip(routes, direct.rows))
+    with DeferredRouteFetcher(kafka.bootstrap, dims=(L, K), config=CLIENT, cache_bytes=0) as none:
+        assert [torch.equal(r, w.routed_experts) for r, w in zip(none.attach(group()), direct.rows)] == [True, True]
+        assert none.cache == {} and none.cached_bytes == 0
+
+
 def test_reader_assembles_groups_from_the_topic_and_drops_duplicate_sample_ids(broker):
     topics = _topics(broker)
     producer = StagingProducer(broker.bootstrap, topics=topics)

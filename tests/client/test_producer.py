@@ -204,3 +204,41 @@ def test_gym_bridge_publishes_gyms_json_unchanged_in_meaning():
     missing = bridge.publish_receipt("grp", None, rollout_id="r9", rollout_index=0, group_size=1,
                                      prompt_idx=4)
     assert missing["receipt"] is None and missing["reward"] == 0.0
+
+
+def test_staging_routes_writes_no_base64_and_sends_what_the_gym_record_says(monkeypatch):
+    """Routes are digested as envelope parts: no envelope string is built or decoded to stage a
+    call, and the wire value is exactly the one the full Gym record gives."""
+    from stage.contract import RouteEnvelope, StagedCallRecord
+    rng = np.random.default_rng(3)
+    built = []
+    real_text = RouteEnvelope.text
+    monkeypatch.setattr(RouteEnvelope, "text", lambda self: built.append(self) or real_text(self))
+    stager = RolloutStager(None, "g", "r")
+    calls = []
+    for i, dtype in enumerate(("int8", "int16", "int32")):
+        n = 5 + i
+        calls.append(stager.prepare(
+            f"c{i}", parent_call_id=f"c{i - 1}" if i else None, prompt_delta=rng.integers(0, 99, 3),
+            generated=rng.integers(0, 99, n - 3), generated_logprobs=-rng.random(n - 3), weight_version=2,
+            routed_experts=rng.integers(-1, 120, (n, 4, 2)), route_dtype=dtype,
+            routed_experts_boundary=rng.integers(0, 120, (1, 4, 2)) if i else None,
+            extras={"note": "x", "score": 1.5}))
+    assert built == []                                   # staged without a single envelope string
+    codec = AvroCodec("StagedCall")
+    for prepared in calls:
+        record = prepared.record                         # Gym's record, strings written out now
+        assert StagedCallRecord(**record.to_json()).extras == record.extras   # passes Gym's rules
+        want = staged_call_from_record("g", record)
+        assert codec.decode(codec.encode(prepared.value)) == codec.decode(codec.encode(want))
+    assert len(built) == 5                               # three fragments, two boundaries
+
+
+def test_a_fragment_that_is_not_delta_aligned_is_refused_as_before():
+    stager = RolloutStager(None, "g", "r")
+    with pytest.raises(ValueError, match="must already be delta-aligned"):
+        stager.prepare("c0", prompt_delta=[1, 2], generated=[3], generated_logprobs=[-0.5],
+                       weight_version=0, routed_experts=np.zeros((4, 2, 2), np.int8), route_dtype="int8")
+    with pytest.raises(ValueError, match="do not fit dtype 'int8'"):
+        stager.prepare("c1", prompt_delta=[1, 2], generated=[3], generated_logprobs=[-0.5],
+                       weight_version=0, routed_experts=np.full((3, 2, 2), 300), route_dtype="int8")

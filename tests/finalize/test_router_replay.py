@@ -91,6 +91,21 @@ def test_direct_routes_published(routed):
     assert (t["routed_experts"][1] == -1).all()                     # placeholder and padding are -1
 
 
+def test_direct_rows_own_their_routes_and_the_padded_group_tensor_waits_to_be_asked(routed):
+    """A row's routes are its own (not a view of a padded [N, max_len, L, K] tensor: at agentic
+    sizes one long row would pad every other); the group tensor is built on first use."""
+    source, staged = routed
+    out = Group().add("grp_g0", staged.receipt_json(), 1.0).add("grp_g1", None).run(
+        Reassembler(source, ReassemblyConfig(**DIRECT)))
+    valid, placeholder = out.rows
+    assert out._routed_experts is None
+    assert valid.routed_experts.untyped_storage().nbytes() == valid.routed_experts.nbytes
+    assert placeholder.routed_experts.untyped_storage().nbytes() == placeholder.routed_experts.nbytes
+    group = out.routed_experts
+    assert out._routed_experts is group and out.routed_experts is group     # built once
+    assert torch.equal(group[0], chain_routes()) and (group[1] == -1).all()
+
+
 def test_direct_rollout_route_plan_and_tensor(routed):
     source, staged = routed
     out = Reassembler(source, ReassemblyConfig(**DIRECT)).finalize_rollout("grp_g0", staged.receipt_json(),

@@ -1,0 +1,186 @@
+"""``rollout-reassembler bench fetch``: the trainer side of deferred router replay.
+
+One group of the profile is staged on a broker; the stage's deferred finalization (run here, on
+the same records and their real coordinates) gives its RoutePlans; then ``DeferredRouteFetcher``
+rebuilds every row's routes (``attach``): cold (fragments fetched by coordinates, decoded,
+integrity-checked, assembled), then again from its cache (no fetch, no re-verification). Anchors
+measured in the same run: a raw consume of the same records (a plain consumer, values touched,
+nothing decoded) and base64 + SHA-256 of the route bytes (what the integrity check must hash).
+"""
+
+from __future__ import annotations
+
+import base64
+import gc
+import hashlib
+import json
+import time
+import uuid
+
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from stage.bench import pipeline as P
+from stage.bench.inputs import BENCH_MAX_RECORD_BYTES, RECEIPTS, bench_profile, fixed_group
+from stage.bench.inputs import profile_groups, profile_line
+from stage.buffer import PartitionBuffer, Position
+from stage.client.consuming import take
+from stage.decode import InputLimits, receipt_item, staged_item
+from stage.wire import AvroCodec
+
+
+def _group(profile: str):
+    if profile == "default":
+        line = "profile default: N=8 x 32 calls x 512 tokens, routes L=48 K=8 int16 (96 MiB a group)"
+        return line, fixed_group(), (48, 8)
+    cfg = bench_profile(profile, groups=1)
+    return profile_line(profile, cfg), next(profile_groups(cfg, 1)), cfg.routes
+
+
+def _stage_records(bootstrap: str, topic: str, inputs) -> dict[int, Position]:
+    """Produce the staged calls to a fresh one-partition topic; index -> where it landed."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})   # kept alive until the topic exists
+    admin.create_topics([NewTopic(topic, 1, 1, config={"max.message.bytes": str(BENCH_MAX_RECORD_BYTES)})]
+                        )[topic].result(30)
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "acks": "all",
+                         "message.max.bytes": BENCH_MAX_RECORD_BYTES})
+    where: dict[int, Position] = {}
+    for index, (role, value) in enumerate(inputs.records):
+        if role == RECEIPTS:
+            continue
+        while True:
+            try:
+                producer.produce(topic, key=inputs.group_id.encode(), value=value, on_delivery=(
+                    lambda i: lambda err, msg: where.__setitem__(i, Position(msg.topic(), msg.partition(),
+                                                                             msg.offset(), 0)))(index))
+                break
+            except BufferError:
+                producer.poll(0.05)
+        producer.poll(0)
+    producer.flush(120)
+    return where
+
+
+def _plans_and_rows(inputs, where: dict[int, Position]):
+    """The stage's deferred outputs for the group, with the records' real coordinates."""
+    codec_map = P.codecs()
+    buffer = PartitionBuffer(0, receipts_topic="receipts", staged_topic=where[0].topic,
+                             group_timeout_ms=1 << 40, late_retention_ms=1000)
+    for index, (role, value) in enumerate(inputs.records):
+        if role == RECEIPTS:
+            buffer.add_receipt(receipt_item(codec_map["ReceiptEvent"].decode(value),
+                                            Position("receipts", 0, index, 1), len(value)), 1)
+        else:
+            buffer.add_staged(staged_item(codec_map["StagedCall"].decode(value), where[index], len(value),
+                                          InputLimits(), keep_routes=False), 1)
+    out = P.finalize(buffer.groups[inputs.group_id], "deferred", codec_map)
+    rows = [codec_map["CanonicalRow"].decode(v) for t, v in out.records if t == P.TOPICS.canonical_rows]
+    plans = [codec_map["RoutePlan"].decode(v) for t, v in out.records if t == P.TOPICS.route_plans]
+    return rows, plans
+
+
+def _raw_consume_seconds(bootstrap: str, topic: str, count: int) -> float:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"raw-{uuid.uuid4().hex}",
+                         "enable.auto.commit": False, "fetch.max.bytes": 64 << 20,
+                         "max.partition.fetch.bytes": 64 << 20, "fetch.wait.max.ms": 10,
+                         "receive.message.max.bytes": (64 << 20) + (2 << 20)})
+    try:
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        started, seen, touched = time.perf_counter(), 0, 0
+        while seen < count:
+            for msg in take(consumer, 500, 1.0):   # what is fetched, else wait for the first
+                if msg.error() is None:
+                    touched += len(msg.value())   # the value as Python bytes, as a reader gets it
+                    seen += 1
+        return time.perf_counter() - started
+    finally:
+        consumer.close()
+
+
+def run(*, bootstrap: str | None = None, profile: str = "default", as_json: bool = False,
+        cache_bytes: int = 1 << 30) -> dict:
+    import logging
+
+    from stage.client import DeferredRouteFetcher, TrainingGroup, row_from_record
+    # calls staged without a boundary sidecar: the plan builder's legacy warning, once per call
+    logging.getLogger("stage.routes.builder").setLevel(logging.ERROR)
+    broker = None
+    if bootstrap is None:
+        from stage.brokers.kraft import KraftBroker, jars_available
+        if not jars_available():
+            raise RuntimeError("no --bootstrap-servers and no local Kafka jars (make kafka-jars)")
+        broker = KraftBroker().start()
+        bootstrap = broker.bootstrap
+    try:
+        load_before = P.load_average()
+        line, inputs, dims = _group(profile)
+        topic = f"bench-fetch-{uuid.uuid4().hex[:8]}"
+        where = _stage_records(bootstrap, topic, inputs)
+        rows, plans = _plans_and_rows(inputs, where)
+        route_payloads = []
+        for role, value in inputs.records:
+            if role != RECEIPTS:
+                record = AvroCodec("StagedCall", max_record_bytes=BENCH_MAX_RECORD_BYTES).decode(value)
+                route_payloads += [record[n]["data"] for n in ("routed_experts", "routed_experts_boundary")
+                                   if record[n] is not None]
+        route_bytes = sum(len(p) for p in route_payloads)
+        raw_s = min(_raw_consume_seconds(bootstrap, topic, len(where)) for _ in range(2))
+        b64_s = P.best_seconds(lambda: [hashlib.sha256(base64.b64encode(p)).digest() for p in route_payloads], 2)
+        del route_payloads
+
+        def group():
+            return TrainingGroup(inputs.group_id, [row_from_record(r) for r in rows], rows, plans)
+
+        gc.collect()
+        rss_before = P.rss_bytes()
+        fetcher = DeferredRouteFetcher(bootstrap, dims=dims, cache_bytes=cache_bytes,
+                                       config={"fetch.wait.max.ms": 10})
+        try:
+            started = time.perf_counter()
+            fetcher.attach(group())
+            cold_s = time.perf_counter() - started
+            fetched, verified = fetcher.fetched, fetcher.verified
+            started = time.perf_counter()
+            fetcher.attach(group())
+            warm_s = time.perf_counter() - started
+            gc.collect()
+            rss_held = P.rss_bytes() - rss_before
+            report = {
+                "benchmark": "fetch", "profile": profile, "profile_line": line,
+                "load_before": load_before, "load_after": P.load_average(),
+                "rows": len(rows), "fragments": fetched, "route_bytes": route_bytes,
+                "raw_consume_s": raw_s, "base64_sha256_s": b64_s,
+                "cold_s": cold_s, "cold_mb_per_s": route_bytes / cold_s / 1e6,
+                "warm_s": warm_s, "warm_mb_per_s": route_bytes / warm_s / 1e6,
+                "cold_to_raw_consume": cold_s / raw_s, "cold_to_raw_plus_hash": cold_s / (raw_s + b64_s),
+                "integrity_checks": {"cold": verified, "warm_new": fetcher.verified - verified,
+                                     "warm_from_cache": fetcher.verified_cached},
+                "failures": dict(fetcher.failures), "cache_bytes": cache_bytes,
+                "cached_bytes": fetcher.cached_bytes, "rss_held_bytes": rss_held,
+            }
+        finally:
+            fetcher.close()
+    finally:
+        if broker is not None:
+            broker.stop()
+    print(json.dumps(report, indent=2) if as_json else render(report))
+    return report
+
+
+def render(r: dict) -> str:
+    mb = r["route_bytes"] / 1e6
+    return "\n".join([
+        f"bench fetch: {r['profile_line']}; machine load {r['load_before']}",
+        f"group: {r['rows']} rows, {r['fragments']} fragments, {mb:,.1f} MB of routes",
+        f"anchors: raw consume of the records {r['raw_consume_s']:.2f} s ({mb / r['raw_consume_s']:,.0f} MB/s), "
+        f"base64 + SHA-256 of the routes {r['base64_sha256_s']:.2f} s",
+        f"cold attach (fetch + decode + verify + assemble): {r['cold_s']:.2f} s = {r['cold_mb_per_s']:,.0f} MB/s "
+        f"({r['cold_to_raw_consume']:.2f}x the raw consume, {r['cold_to_raw_plus_hash']:.2f}x raw consume + "
+        f"hashing); target >= 500 MB/s",
+        f"warm attach (cache): {r['warm_s']:.2f} s = {r['warm_mb_per_s']:,.0f} MB/s; integrity checks: "
+        f"{r['integrity_checks']['cold']} cold, {r['integrity_checks']['warm_new']} new when warm, "
+        f"{r['integrity_checks']['warm_from_cache']} answered from the cache",
+        f"cache: {r['cached_bytes'] / 1e6:,.1f} MB held of a {r['cache_bytes'] / 2**20:,.0f} MiB budget; "
+        f"RSS held after both attaches: {r['rss_held_bytes'] / 1e6:,.1f} MB; failures {r['failures'] or 'none'}",
+        f"machine load after: {r['load_after']}",
+    ])

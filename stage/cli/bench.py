@@ -1,0 +1,114 @@
+"""``rollout-reassembler bench ...``: the benchmarks' arguments and dispatch (wired into
+``stage.cli``). Building the parsers imports nothing heavy."""
+
+from __future__ import annotations
+
+from stage.cli.args import add_parser, at_least, device, positive_float
+
+# stage.bench.finalize.PROFILE_CHOICES (a test keeps them equal): "default" is each benchmark's
+# own fixed case (the README's figures), the others are stage.workload's named profiles.
+PROFILES = ("default", "toy", "agentic-moe")
+PROFILE_HELP = ("default: the benchmark's fixed case; toy or agentic-moe: groups of that workload "
+                "profile (agentic-moe: N=16, ~64 calls, 32k mean / 128k max tokens, routes 48x8 "
+                "int8/int16)")
+
+
+def add_parsers(commands) -> None:
+    bench = add_parser(commands, "bench", "run a benchmark and print its figures")
+    which = bench.add_subparsers(dest="bench", required=True, metavar="BENCHMARK")
+
+    verify = add_parser(which, "verify", "verify_and_linearize throughput vs SHA-256 bound")
+    verify.add_argument("--json", action="store_true", help="print the report as JSON")
+    verify.add_argument("--seconds", type=positive_float, default=2.0, help="measuring time per case")
+    verify.add_argument("--profile", choices=PROFILES, default="default", help=PROFILE_HELP)
+
+    e2e = add_parser(which, "e2e", "stage vs passthrough throughput and latency on one broker")
+    e2e.add_argument("--json", action="store_true", help="print the report as JSON")
+    e2e.add_argument("--bootstrap-servers", help="default: start a local KRaft broker from the Kafka jars")
+    e2e.add_argument("--profile", choices=PROFILES, default="default", help=PROFILE_HELP)
+    e2e.add_argument("--groups", type=at_least(1),
+                     help="groups (default: the profile's: default 300 of 4 rollouts, agentic-moe 3)")
+    e2e.add_argument("--tokens", type=at_least(1), default=128, help="delta tokens per call of the fixed case")
+    e2e.add_argument("--layers", type=at_least(0),
+                     help="route layers, 0 = no routes (default: the profile's: default 8, agentic-moe 48)")
+    e2e.add_argument("--routes", choices=("off", "direct", "deferred"), default="off",
+                     help="the stage's router replay (off: routes, if staged, are not read)")
+    e2e.add_argument("--latency-seconds", type=positive_float, default=10.0,
+                     help="length of the latency phase")
+
+    finalize = add_parser(which, "finalize", "finalize_group time split (verify, routes, tensorize)")
+    finalize.add_argument("--json", action="store_true", help="print the report as JSON")
+    finalize.add_argument("--device", type=device, default="cpu", help="cpu, cuda, cuda:N or auto")
+    finalize.add_argument("--repeats", type=at_least(1), default=3, help="runs per mode (the median is shown)")
+    finalize.add_argument("--profile", choices=PROFILES, default="default", help=PROFILE_HELP)
+    finalize.add_argument("--groups", type=at_least(1), default=1, help="groups measured one by one")
+    finalize.add_argument("--modes", default="direct,deferred,no-routes",
+                          help="comma-separated routes modes: direct, deferred, no-routes")
+    finalize.add_argument("--workers", type=at_least(0), default=0,
+                          help="also decode + finalize the groups with 1..N threads and 1..N processes "
+                               "(0: skip); use --groups >= 2N")
+    finalize.add_argument("--workers-mode", choices=("direct", "deferred", "no-routes"),
+                          help="routes mode of the workers measurement (default: the first of --modes)")
+    finalize.add_argument("--no-rss", action="store_true",
+                          help="skip the RSS of each intake (measured in a fresh process per mode)")
+    finalize.add_argument("--torch-threads", type=at_least(0), default=1,
+                          help="torch intra-op threads (0: as many as torch picks, one per core)")
+    for flag, default, text in (("--rollouts", 8, "rollouts per group of the fixed case"),
+                                ("--calls", 32, "calls per rollout of the fixed case"),
+                                ("--tokens", 512, "delta tokens per call of the fixed case"),
+                                ("--topk", 8, "experts per token K of the fixed case")):
+        finalize.add_argument(flag, type=at_least(1), default=default, help=text)
+    finalize.add_argument("--layers", type=at_least(0),
+                          help="MoE layers L, 0 = no routes (default: the profile's; profile default 48)")
+
+    wire = add_parser(which, "wire", "Avro encode/decode throughput of the hot records")
+    wire.add_argument("--json", action="store_true", help="print the report as JSON")
+    wire.add_argument("--profile", choices=PROFILES, default="default", help=PROFILE_HELP)
+
+    fetch = add_parser(which, "fetch", "DeferredRouteFetcher: rebuild a group's routes vs a raw consume")
+    fetch.add_argument("--json", action="store_true", help="print the report as JSON")
+    fetch.add_argument("--bootstrap-servers", help="default: start a local KRaft broker from the Kafka jars")
+    fetch.add_argument("--profile", choices=PROFILES, default="default", help=PROFILE_HELP)
+    fetch.add_argument("--cache-mib", type=at_least(0), default=1024,
+                       help="the fetcher's cache budget in MiB (DeferredRouteFetcher cache_bytes)")
+    fetch.add_argument("--torch-threads", type=at_least(0), default=1,
+                       help="torch intra-op threads (0: as many as torch picks, one per core)")
+
+
+def main(args) -> int:
+    if args.bench == "verify":
+        from stage.bench.verify import run
+        report = run(as_json=args.json, min_seconds=args.seconds, profile=args.profile)
+        return 0 if report["meets_target"] else 1
+    if args.bench == "e2e":
+        from stage.bench.e2e import run as run_e2e
+        report = run_e2e(bootstrap=args.bootstrap_servers, groups=args.groups, tokens=args.tokens,
+                         layers=args.layers, latency_seconds=args.latency_seconds, as_json=args.json,
+                         profile=args.profile, routes=args.routes)
+        return 0 if report["meets_targets"] else 1
+    if args.bench == "finalize":
+        _torch_threads(args.torch_threads)
+        from stage.bench.finalize import run as run_finalize
+        modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
+        run_finalize(as_json=args.json, device=args.device, repeats=args.repeats, n=args.rollouts,
+                     calls=args.calls, tokens=args.tokens, layers=args.layers, topk=args.topk,
+                     profile=args.profile, groups=args.groups, modes=modes, workers=args.workers,
+                     workers_mode=args.workers_mode, torch_threads=args.torch_threads,
+                     rss=not args.no_rss)
+        return 0
+    if args.bench == "wire":
+        from stage.bench.wire import main as wire_main
+        return wire_main(["--json"] if args.json else [], profile=args.profile)
+    if args.bench == "fetch":
+        _torch_threads(args.torch_threads)
+        from stage.bench.fetch import run as run_fetch
+        run_fetch(bootstrap=args.bootstrap_servers, profile=args.profile, as_json=args.json,
+                  cache_bytes=args.cache_mib << 20)
+        return 0
+    return 2
+
+
+def _torch_threads(count: int) -> None:
+    if count:
+        import torch
+        torch.set_num_threads(count)
