@@ -43,7 +43,8 @@ class DeferredRouteFetcher:
 
     def __init__(self, bootstrap_servers: str, *, dims: tuple[int, int], device="cpu",
                  config: Mapping[str, Any] | None = None, framing: str = "plain",
-                 schema_registry_url: str | None = None, timeout: float = 10.0,
+                 schema_registry_url: str | None = None,
+                 schema_registry_config: Mapping[str, Any] | None = None, timeout: float = 10.0,
                  cache_size: int = 4096, max_gap: int = 256) -> None:
         self.dims = (int(dims[0]), int(dims[1]))
         self.device = resolve_device(device)
@@ -51,7 +52,8 @@ class DeferredRouteFetcher:
         self.max_gap = max_gap
         self.cache_size = cache_size
         self.cache: OrderedDict[tuple[str, int, int], Any] = OrderedDict()
-        self.codec = codec_for("StagedCall", TopicNames().staged_calls, framing, schema_registry_url)
+        self.codec = codec_for("StagedCall", TopicNames().staged_calls, framing, schema_registry_url,
+                               schema_registry_config)
         # Random access to records known to exist: never let the broker hold a fetch open.
         conf = {**reader_defaults(bootstrap_servers, f"route-fetcher-{uuid.uuid4().hex}"),
                 "enable.partition.eof": True, "fetch.wait.max.ms": 10, "auto.offset.reset": "error",
