@@ -145,14 +145,24 @@ def test_subjects_follow_the_topic_name_strategy_with_backward_compatibility(kaf
         change(schema["fields"])
         return Schema(json.dumps(schema), "AVRO")
 
+    def symbols(change):
+        def edit(fields):
+            outcome = next(x for x in fields if x["name"] == "outcome")["type"]
+            outcome["symbols"] = change(outcome["symbols"])
+        return edit
+
     assert client.test_compatibility(subject, variant(
         lambda f: f.append({"name": "note", "type": ["null", "string"], "default": None})))
-    assert client.test_compatibility(subject, variant(lambda f: f.remove(
-        next(x for x in f if x["name"] == "finalized_at_ms"))))
     assert not client.test_compatibility(subject, variant(
         lambda f: f.append({"name": "note", "type": "string"})))              # no default
     assert not client.test_compatibility(subject, variant(lambda f: next(
         x for x in f if x["name"] == "valid_rows").update(type="string")))   # a type changed in place
+    assert not client.test_compatibility(subject, variant(symbols(lambda s: s[:-1])))   # a symbol removed
+    # BACKWARD only checks that the new version reads the old records: it accepts two changes
+    # the evolution rule forbids because readers still on the old version would fail on them
+    assert client.test_compatibility(subject, variant(lambda f: f.remove(
+        next(x for x in f if x["name"] == "finalized_at_ms"))))              # a field without default removed
+    assert client.test_compatibility(subject, variant(symbols(lambda s: [*s, "vanished"])))   # a symbol added
 
 
 def test_the_project_reader_and_the_operator_commands_read_through_the_authenticated_registry(
