@@ -107,6 +107,10 @@ class ApicurioRegistry:
     ``url`` is the Confluent-compatible API over HTTP, ``https_url`` over HTTPS (with ``tls``)."""
 
     kind = "apicurio"
+    # A test registry serves a few hundred requests: C1 only and the serial collector start it
+    # faster and smaller than the JVM's defaults (measured on the 2-core machine, 3 starts each:
+    # 2.7-3.5 s and 215 MiB RSS against 4.0-6.6 s and 229-243 MiB).
+    JVM_FLAGS = ("-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1")
 
     def __init__(self, workdir: str | Path | None = None, *, users: dict[str, str] | None = None,
                  tls: ServerTls | None = None, persistent: bool = False, heap: str = "128m") -> None:
@@ -172,7 +176,7 @@ class ApicurioRegistry:
         reason = apicurio_unavailable()
         if reason:
             raise RuntimeError(reason)
-        command = [str(self.java), f"-Xmx{self.heap}", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
+        command = [str(self.java), f"-Xmx{self.heap}", *self.JVM_FLAGS,
                    *(f"-D{k}={v}" for k, v in self._properties().items()),
                    "-jar", str(DIST / "quarkus-run.jar")]
         log = open(self.dir / "registry.log", "ab")
