@@ -3,6 +3,8 @@ configured CA, and a client certificate through a front that requires one (tests
 Apicurio's build fixes client-certificate authentication off). Every client of the project goes
 through it: the stage, the SDK producer and the trainer-side reader."""
 
+import time
+
 import pytest
 
 from stage.client import CanonicalReader, StagingProducer
@@ -66,6 +68,9 @@ def test_every_client_presents_the_client_certificate(kafka, apicurio):
         no_cert = cfg.replace(schema_registry=_settings(apicurio, client_certificate=False))
         with pytest.raises(Exception, match="CERTIFICATE_REQUIRED|certificate required"):
             registry_client(no_cert).get_subjects()
+        deadline = time.monotonic() + 5   # the front counts on its own thread
+        while front.refused < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert front.refused == 1
     finally:
         front.close()
