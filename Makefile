@@ -50,7 +50,7 @@ $(KAFKA_LIB)/.resolved: tools/kafka/pom.xml
 
 # A real Schema Registry for the Schema Registry tests (tests/support/apicurio.py): Apicurio
 # Registry's Quarkus distribution from Maven Central, unpacked into .cache/apicurio/<version>.
-# Needs mvn; running it needs a Java >= 21 (the tests look in $$APICURIO_JAVA, $$JAVA_HOME, PATH
+# Needs mvn; running it needs a Java >= 21 (the tests look in $APICURIO_JAVA, $JAVA_HOME, PATH
 # and /usr/lib/jvm). Without them those tests skip, except under CI, where they fail.
 APICURIO_VERSION := 3.3.3
 APICURIO_DIR     := .cache/apicurio/$(APICURIO_VERSION)
