@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 
 KAFKA_LIB := .cache/kafka/lib
 
-.PHONY: install test bench demo clean kafka-jars helm ops-tools promtool prometheus-bin compose-cli images docker-up docker-down constraints
+.PHONY: install test bench demo clean kafka-jars apicurio-registry helm ops-tools promtool prometheus-bin compose-cli images docker-up docker-down constraints
 
 # Ops tooling for tests/ops, built from the Go module proxy into the ignored .cache/bin (needs
 # `go`; without it those tests skip). Idempotent: a stamp per version skips the build.
@@ -47,6 +47,25 @@ $(KAFKA_LIB)/.resolved: tools/kafka/pom.xml
 	  mvn -q -f tools/kafka/pom.xml dependency:copy-dependencies -DoutputDirectory=$(abspath $(KAFKA_LIB)) \
 	  && touch $@; \
 	else echo "kafka-jars: no java/mvn here; real-broker tests will be skipped"; fi
+
+# A real Schema Registry for the Schema Registry tests (tests/support/apicurio.py): Apicurio
+# Registry's Quarkus distribution from Maven Central, unpacked into .cache/apicurio/<version>.
+# Needs mvn; running it needs a Java >= 21 (the tests look in $APICURIO_JAVA, $JAVA_HOME, PATH
+# and /usr/lib/jvm). Without them those tests skip, except under CI, where they fail.
+APICURIO_VERSION := 3.3.3
+APICURIO_DIR     := .cache/apicurio/$(APICURIO_VERSION)
+
+apicurio-registry: $(APICURIO_DIR)/.resolved
+
+$(APICURIO_DIR)/.resolved:
+	@if command -v mvn >/dev/null; then \
+	  tmp=$$(mktemp -d) \
+	  && mvn -q dependency:copy -Dartifact=io.apicurio:apicurio-registry-app:$(APICURIO_VERSION):tar.gz:all \
+	       -DoutputDirectory=$$tmp \
+	  && rm -rf $(APICURIO_DIR) && mkdir -p $(APICURIO_DIR) \
+	  && tar -xzf $$tmp/apicurio-registry-app-$(APICURIO_VERSION)-all.tar.gz -C $(APICURIO_DIR) \
+	  && rm -rf $$tmp && touch $@; \
+	else echo "apicurio-registry: no mvn here; the Schema Registry tests will be skipped (and fail under CI)"; fi
 
 helm: $(HELM_STAMP)
 
@@ -130,7 +149,7 @@ constraints: install
 # Integration and fault suites on a dockerized broker where an engine can run (tools/docker/
 # engine.sh brings it up, builds the local images, and stops what it started); else on the JVM
 # broker. KAFKA_TEST_BROKER=jvm skips Docker entirely.
-test: install kafka-jars helm ops-tools promtool compose-cli
+test: install kafka-jars apicurio-registry helm ops-tools promtool compose-cli
 	bash tools/docker/engine.sh run -- $(PY) -m pytest -q
 
 bench: install

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
+from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException
 
@@ -43,11 +45,12 @@ def reader_defaults(bootstrap_servers: str, group_id: str,
 
 
 def codec_for(name: str, topic: str, framing: str, schema_registry_url: str | None,
-              max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> AvroCodec:
+              max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+              schema_registry_config: Mapping[str, Any] | None = None) -> AvroCodec:
     registry = None
     if framing == "confluent":
-        from confluent_kafka.schema_registry import SchemaRegistryClient
-        registry = SchemaRegistryClient({"url": schema_registry_url})
+        from stage.client.registry import schema_registry_client
+        registry = schema_registry_client(schema_registry_url, schema_registry_config)
     return AvroCodec(name, framing=framing, registry=registry, subject=value_subject(topic),
                      max_record_bytes=max_record_bytes)
 

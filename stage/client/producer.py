@@ -90,7 +90,9 @@ class StagingProducer:
     """The shared producer of the input topics (thread-safe, like confluent-kafka's Producer).
 
     ``config`` adds or overrides librdkafka properties; ``producer`` injects a ready Producer
-    instead. ``framing="confluent"`` writes Schema Registry framing (``schema_registry_url``).
+    instead. ``framing="confluent"`` writes Schema Registry framing (``schema_registry_url``;
+    ``schema_registry_config``: registry client properties such as ``basic.auth.user.info`` and
+    ``ssl.ca.location``, stage.client.registry).
     ``on_delivery(Delivery)`` sees every acknowledgement (``send_*``/``produce`` also take a
     per-record ``on_delivery``: e.g. to learn a staged call's Kafka coordinates).
     """
@@ -98,6 +100,7 @@ class StagingProducer:
     def __init__(self, bootstrap_servers: str | None = None, *, topics: TopicNames | None = None,
                  config: Mapping[str, Any] | None = None, producer: Producer | None = None,
                  framing: str = "plain", schema_registry_url: str | None = None,
+                 schema_registry_config: Mapping[str, Any] | None = None,
                  max_record_bytes: int = 64 << 20,
                  on_delivery: DeliveryCallback | None = None) -> None:
         if producer is None:
@@ -111,8 +114,8 @@ class StagingProducer:
         if framing == "confluent":
             if not schema_registry_url:
                 raise ValueError("framing 'confluent' needs schema_registry_url")
-            from confluent_kafka.schema_registry import SchemaRegistryClient
-            registry = SchemaRegistryClient({"url": schema_registry_url})
+            from stage.client.registry import schema_registry_client
+            registry = schema_registry_client(schema_registry_url, schema_registry_config)
         self.codecs = {
             name: AvroCodec(name, framing=framing, registry=registry,
                             subject=value_subject(topic), max_record_bytes=max_record_bytes)

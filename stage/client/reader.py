@@ -86,7 +86,8 @@ class CanonicalReader:
     def __init__(self, bootstrap_servers: str, *, topics: TopicNames | None = None,
                  group_id: str | None = None, route_plans: bool = False, device="cpu",
                  config: Mapping[str, Any] | None = None, framing: str = "plain",
-                 schema_registry_url: str | None = None, subscribe: bool | None = None,
+                 schema_registry_url: str | None = None,
+                 schema_registry_config: Mapping[str, Any] | None = None, subscribe: bool | None = None,
                  start_from: ReadPosition | Mapping | None = None, staleness: Staleness | None = None,
                  max_pending_records: int = DEFAULT_MAX_PENDING_RECORDS,
                  remember_records: int = DEFAULT_REMEMBER_RECORDS,
@@ -94,10 +95,12 @@ class CanonicalReader:
         self.topics = topics or TopicNames()
         self.max_record_bytes = int(max_record_bytes)
         self.codecs = {self.topics.canonical_rows: ("rows", codec_for(
-            "CanonicalRow", self.topics.canonical_rows, framing, schema_registry_url, self.max_record_bytes))}
+            "CanonicalRow", self.topics.canonical_rows, framing, schema_registry_url, self.max_record_bytes,
+            schema_registry_config))}
         if route_plans:
             self.codecs[self.topics.route_plans] = ("plans", codec_for(
-                "RoutePlan", self.topics.route_plans, framing, schema_registry_url, self.max_record_bytes))
+                "RoutePlan", self.topics.route_plans, framing, schema_registry_url, self.max_record_bytes,
+                schema_registry_config))
         self.group_id = group_id
         self.subscribed = group_id is not None if subscribe is None else subscribe
         if self.subscribed and group_id is None:

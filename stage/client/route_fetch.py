@@ -85,7 +85,8 @@ class DeferredRouteFetcher:
 
     def __init__(self, bootstrap_servers: str, *, dims: tuple[int, int], device="cpu",
                  config: Mapping[str, Any] | None = None, framing: str = "plain",
-                 schema_registry_url: str | None = None, timeout: float = 10.0,
+                 schema_registry_url: str | None = None,
+                 schema_registry_config: Mapping[str, Any] | None = None, timeout: float = 10.0,
                  cache_bytes: int = DEFAULT_CACHE_BYTES, max_gap: int = 256,
                  verify_threads: int | None = None,
                  max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> None:
@@ -104,7 +105,7 @@ class DeferredRouteFetcher:
         self.verify_threads = min(4, os.cpu_count() or 1) if verify_threads is None else verify_threads
         self._pool: ThreadPoolExecutor | None = None
         self.codec = codec_for("StagedCall", TopicNames().staged_calls, framing, schema_registry_url,
-                               max_record_bytes)
+                               max_record_bytes, schema_registry_config)
         # Random access to records known to exist: never let the broker hold a fetch open.
         conf = {**reader_defaults(bootstrap_servers, f"route-fetcher-{uuid.uuid4().hex}", max_record_bytes),
                 "enable.partition.eof": True, "fetch.wait.max.ms": 10, "auto.offset.reset": "error",

@@ -19,6 +19,7 @@ from typing import Literal
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from stage.config.finalize import ReassemblyConfig
+from stage.config.registry import SchemaRegistrySettings
 from stage.config.sources import (
     ENV_PREFIX,
     NOT_SETTINGS,
@@ -58,7 +59,14 @@ class StageConfig(ConfigModel):
     framing: Literal["plain", "confluent"] = Field(
         "plain", description="`confluent` = Schema Registry framing (magic byte + schema id); needs "
                              "`schema_registry_url`")
-    schema_registry_url: str = Field("", description="Schema Registry URL (`framing: confluent`)")
+    schema_registry_url: str = Field(
+        "", description="Schema Registry URL (`framing: confluent`): Confluent's REST API, e.g. "
+                        "`http://registry:8081`, Apicurio's `http://registry:8080/apis/ccompat/v7`. A "
+                        "comma-separated list is tried in order")
+    schema_registry: SchemaRegistrySettings = Field(
+        default_factory=SchemaRegistrySettings,
+        description="Schema Registry authentication and TLS, for every registry client of the stage and "
+                    "its operator commands")
     group_timeout_ms: Int = Field(60_000, ge=1, description="a group's deadline = its first record's "
                                                              "Kafka timestamp + this")
     late_retention_ms: Int = Field(600_000, ge=0, description="how long published groups are remembered "
@@ -146,6 +154,11 @@ class StageConfig(ConfigModel):
     def _rules_between_fields(self) -> StageConfig:
         if self.framing == "confluent" and not self.schema_registry_url:
             raise conflict("framing 'confluent' needs schema_registry_url", "framing", "schema_registry_url")
+        if self.schema_registry.basic_auth_user_info is not None and "@" in self.schema_registry_url:
+            # confluent-kafka refuses credentials in both places
+            raise conflict("schema_registry_url carries user info and so does "
+                           "schema_registry.basic_auth_user_info: keep one (the setting: it is kept secret)",
+                           "schema_registry_url", "schema_registry")
         needed = self.revoke_budget_ms + self.transaction_timeout_ms
         if self.max_poll_interval_ms <= needed:
             # a revoke runs inside poll(): it waits revoke_budget_ms for in-flight groups, then

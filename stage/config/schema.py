@@ -23,6 +23,8 @@ END = "<!-- END settings tables -->"
 # Set by the chart itself: metrics.port -> ROLLOUT_REASSEMBLER_METRICS_PORT, the pod name ->
 # ROLLOUT_REASSEMBLER_TRANSACTIONAL_ID.
 SET_BY_CHART = ("metrics_port", "transactional_id")
+# Secrets come from Kubernetes Secrets (values.yaml schemaRegistry.basicAuth), never the ConfigMap.
+SECRETS_FROM_CHART = (("schema_registry", "basic_auth_user_info"),)
 # Defaults that follow another setting in the stage's configuration.
 DERIVED = {"finalize.staging_partition": "= `topics.staged_calls`"}
 _ANNOTATIONS = ("title", "default")
@@ -50,9 +52,11 @@ def helm_config_schema() -> dict:
     schema = model_schema()
     for name in SET_BY_CHART:
         del schema["properties"][name]
+    for section, name in SECRETS_FROM_CHART:
+        del schema["properties"][section]["properties"][name]
     schema["description"] = ("stage.yaml (docs/configuration.md); generated from StageConfig by `python -m "
                              "stage.config.schema`. metrics_port and transactional_id are set by "
-                             "the chart. Rules between settings are checked by the stage at start.")
+                             "the chart, and so is schema_registry.basic_auth_user_info (from a Secret). Rules between settings are checked by the stage at start.")
     schema["required"] = ["bootstrap_servers"]   # the chart has no broker to default to
     # StageConfig's rule "framing 'confluent' needs schema_registry_url", in JSON schema terms
     schema["if"] = {"properties": {"framing": {"const": "confluent"}}, "required": ["framing"]}

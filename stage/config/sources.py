@@ -166,6 +166,18 @@ def _fields_at(model: type[BaseModel], path: tuple[str, ...]) -> list[str]:
     return list(model.model_fields)
 
 
+def _is_secret(model: type[BaseModel], path: tuple[str, ...]) -> bool:
+    """True when ``path`` names a SecretStr field (or a value inside one)."""
+    for name in path:
+        field = model.model_fields.get(name) if isinstance(model, type) and issubclass(model, BaseModel) else None
+        if field is None:
+            return False
+        if "SecretStr" in str(field.annotation):
+            return True
+        model = field.annotation
+    return False
+
+
 def explain(error: ValidationError, model: type[BaseModel], origins: dict) -> ConfigError:
     """One line per problem: the setting, its value and source, and what is allowed."""
     lines = []
@@ -181,8 +193,9 @@ def explain(error: ValidationError, model: type[BaseModel], origins: dict) -> Co
             lines.append(f"{where} ({_origin(origins, path)}): unknown setting; known: "
                          f"{', '.join(_fields_at(model, path[:-1]))}")
         else:
-            # client properties may hold secrets: their values are not repeated
-            secret = path[0] in model.model_fields and _is_section(model, path[0]) is dict
+            # client properties may hold secrets, and SecretStr fields are: values not repeated
+            secret = (path[0] in model.model_fields and _is_section(model, path[0]) is dict) \
+                or _is_secret(model, path)
             shown = "" if secret else f" = {item['input']!r}"
             lines.append(f"{where}{shown} ({_origin(origins, path)}): {message}")
     return ConfigError("; ".join(lines) if len(lines) == 1 else

@@ -8,7 +8,8 @@ loop keeps polling (so the group membership, /healthz and SIGTERM keep working).
 answer that the schema does not exist, or is unusable, makes the records undecodable.
 
 ``build_codecs`` makes the codecs of every topic from the configuration (the registry client
-too, with Schema Registry framing); the operator commands use it without the runtime loop.
+too, with Schema Registry framing and the ``schema_registry:`` authentication and TLS settings);
+the operator commands use it without the runtime loop.
 """
 
 from __future__ import annotations
@@ -27,9 +28,10 @@ def registry_client(cfg):
     """The Schema Registry client of ``cfg`` (a StageConfig), None without registry framing."""
     if cfg.framing != "confluent":
         return None
-    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from stage.client.registry import schema_registry_client
     # Lookups run on the resolver's thread, with its own back-off: no client-side retries.
-    return SchemaRegistryClient({"url": cfg.schema_registry_url, "timeout": 10, "max.retries": 0})
+    return schema_registry_client(cfg.schema_registry_url, cfg.schema_registry.client_properties(),
+                                  timeout=10, max_retries=0)
 
 
 def build_codecs(cfg) -> dict[str, AvroCodec]:

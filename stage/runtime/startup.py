@@ -61,9 +61,25 @@ def probe_device(spec: str) -> None:
     logger.info("finalize device %s is usable", device)
 
 
+# What to fix, by the registry's HTTP answer to the registration of an output schema.
+_REGISTRATION_HINTS = {
+    401: "The registry refused the credentials: check schema_registry.basic_auth_user_info.",
+    403: "The registry refused this client (credentials without write access, or a client "
+         "certificate it does not accept): check schema_registry.basic_auth_user_info and "
+         "schema_registry.ssl_certificate_location.",
+    409: "The registry refuses the schema as incompatible with the versions already registered "
+         "under this subject (its compatibility rule, BACKWARD by default): register a compatible "
+         "version, or migrate the subject (docs/schemas.md, Subjects and compatibility).",
+    422: "The registry refuses the schema as invalid for it.",
+}
+_DEFAULT_HINT = ("Check schema_registry_url and that the registry runs; a subject whose compatibility "
+                 "rules refuse this schema needs the rules relaxed or the subject migrated.")
+
+
 def register_output_schemas(codecs: dict, names, stop, timeout_s: float = 60.0) -> None:
     """Schema Registry framing: resolve the ids of the stage's own output schemas now, so
-    publishing never waits on the registry; retried through a short outage."""
+    publishing never waits on the registry; retried through a short outage. Credentials the
+    registry refuses (401, 403) end the start at once: waiting does not fix them."""
     deadline = time.monotonic() + timeout_s
     delay = 0.5
     for name in names:
@@ -74,12 +90,12 @@ def register_output_schemas(codecs: dict, names, stop, timeout_s: float = 60.0) 
                 break
             except WireError as error:
                 retriable = getattr(error, "retriable", False)
-                if not retriable or time.monotonic() + delay > deadline or stop.is_set():
+                status = getattr(error, "status", None)
+                if (not retriable or status in (401, 403) or time.monotonic() + delay > deadline
+                        or stop.is_set()):
                     raise exits.StageExit(exits.EXIT_SCHEMA_REGISTRY, (
                         f"cannot register the {name} schema under subject {codec.subject}: {error}. "
-                        "Check schema_registry_url and that the registry runs; a subject whose "
-                        "compatibility rules refuse this schema needs the rules relaxed or the "
-                        "subject migrated.")) from None
+                        f"{_REGISTRATION_HINTS.get(status, _DEFAULT_HINT)}")) from None
                 logger.warning("schema registry not answering (%s); retrying in %.1fs", error, delay)
                 stop.wait(delay)
                 delay = min(delay * 2, 10.0)

@@ -271,9 +271,15 @@ class AvroCodec:
         return parsed
 
 
+# 4xx answers that refuse the client, not the input: timeouts, throttling, credentials or
+# certificate refused (401, 403). Records waiting on them are held, never dead-lettered.
+_CLIENT_REFUSALS = frozenset((401, 403, 408, 429))
+
+
 def _registry_error(what: str, e: Exception) -> RegistryError:
     status = getattr(e, "http_status_code", None)
-    # 4xx (not 408/429) means the registry answered "no such thing": the input is bad.
-    retriable = not (isinstance(status, int) and 400 <= status < 500 and status not in (408, 429))
+    status = status if isinstance(status, int) else None
+    # other 4xx mean the registry answered "no such thing" (or "not that schema"): the input is bad
+    retriable = not (status is not None and 400 <= status < 500 and status not in _CLIENT_REFUSALS)
     return RegistryError(f"Schema Registry failed for {what}: {type(e).__name__}: {e}",
-                         retriable=retriable)
+                         retriable=retriable, status=status)

@@ -20,12 +20,15 @@ class RegistryError(WireError):
     """The Schema Registry could not answer for a schema id or subject.
 
     ``retriable`` is False when the registry said the schema does not exist (the record is
-    undecodable: dead-letter it) and True for outages (retry, do not dead-letter good data).
+    undecodable: dead-letter it) and True for outages and for refusals of the client itself
+    (401, 403: credentials or certificate), which say nothing about the data: retry, do not
+    dead-letter good data. ``status`` is the registry's HTTP status when it answered.
     """
 
-    def __init__(self, message: str, *, retriable: bool) -> None:
+    def __init__(self, message: str, *, retriable: bool, status: int | None = None) -> None:
         super().__init__(message)
         self.retriable = retriable
+        self.status = status
 
 
 class SchemaNotCached(RegistryError):

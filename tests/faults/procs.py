@@ -43,11 +43,12 @@ class StageProcess:
 
     def __init__(self, cfg: StageConfig, workdir: Path, name: str, *, fault: str | None = None,
                  fault_env_direct: bool = False, arm_file: Path | None = None,
-                 log_level: str = "INFO") -> None:
+                 log_level: str = "INFO", extra_env: dict[str, str] | None = None) -> None:
         """``fault``: a crash point ``<point>:<n>``. By default it is armed through
         tests/faults/launch.py (which can also arm the fault on a trigger file);
         ``fault_env_direct=True`` sets that variable for ``python -m stage run`` itself;
-        ``arm_file``: the fault is armed only once that file exists (launcher only)."""
+        ``arm_file``: the fault is armed only once that file exists (launcher only);
+        ``extra_env``: variables for the process (settings that must not be in the YAML: secrets)."""
         self.name = name
         self.config_path = write_config(cfg, workdir / f"{name}.yaml")
         self.log_path = workdir / f"{name}.log"
@@ -55,6 +56,7 @@ class StageProcess:
                if not k.startswith(ENV_PREFIX) and k != "KAFKA_BOOTSTRAP_SERVERS"}
         env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
         env["PYTHONUNBUFFERED"] = "1"
+        env.update(extra_env or {})
         command = [sys.executable, "-m", "stage", "run", "--config", str(self.config_path),
                    "--log-level", log_level]
         if fault and fault_env_direct:

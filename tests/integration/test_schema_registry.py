@@ -1,28 +1,57 @@
 """Schema Registry framing with a registry that goes down and comes back: good records wait
 (nothing dead-lettered, nothing committed past them), the loop keeps polling, readiness and a
-metric say why, SIGTERM works; only a schema id the registry says does not exist is a dead
-letter."""
+metric say why, SIGTERM works. On the real registry (Apicurio, its storage in an H2 file so
+that the restarted registry knows every id it gave out, as a production registry's storage
+must), except a registry that answers 503, which only the stand-in (tests/support/registry.py)
+can be made to do. A schema id the registry does not know: tests/integration/test_apicurio.py."""
 
+import io
+import json
 import signal
 import time
 
 import pytest
 from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
 from confluent_kafka.admin import AdminClient
+from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+from fastavro import parse_schema, schemaless_writer
 
 from stage.client import StagingProducer
-from stage.wire import AvroCodec
+from stage.wire import AvroCodec, schema_json, value_subject
 from tests.faults.procs import StageProcess
 from tests.integration.harness import (
-    Feeder, RunningStage, make_group, read_all, setup_topics, stage_config, unique_topics,
+    RunningStage, make_group, read_all, setup_topics, stage_config, unique_topics,
 )
+from tests.support.apicurio import ApicurioRegistry, require_apicurio
 from tests.support.registry import FakeRegistry
+from tests.support.report import STARTED
 
 SUMMARY = AvroCodec("GroupSummary")
 
 
+@pytest.fixture(scope="module")
+def apicurio_persistent(tmp_path_factory):
+    """Apicurio without auth whose storage survives its restarts (an H2 database file)."""
+    require_apicurio()
+    registry = ApicurioRegistry(tmp_path_factory.mktemp("apicurio-persistent"), persistent=True)
+    STARTED["apicurio_persistent"] = registry
+    registry.start()
+    yield registry
+    registry.stop()
+
+
 @pytest.fixture
-def registry():
+def registry(apicurio_persistent):
+    """The persistent registry, up at the start of each test and again after it."""
+    if apicurio_persistent.proc.poll() is not None:
+        apicurio_persistent.start()
+    yield apicurio_persistent
+    if apicurio_persistent.proc.poll() is not None:
+        apicurio_persistent.start()
+
+
+@pytest.fixture
+def stand_in():
     server = FakeRegistry().start()
     yield server
     server.stop()
@@ -56,51 +85,88 @@ def _committed(kafka, cfg) -> dict:
     return {tp.topic: tp.offset for tp in result.topic_partitions}
 
 
-def test_a_registry_outage_holds_good_records_and_dead_letters_nothing(kafka, registry):
+def _evolved_receipts(registry, topics) -> tuple[int, dict]:
+    """A second ReceiptEvent version under the receipts subject (one more field, with a default:
+    BACKWARD accepts it), registered now; its id and parsed schema."""
+    evolved = json.loads(schema_json("ReceiptEvent"))
+    evolved["fields"].append({"name": "note", "type": ["null", "string"], "default": None})
+    client = SchemaRegistryClient({"url": registry.url})
+    schema_id = client.register_schema(value_subject(topics.receipts), Schema(json.dumps(evolved), "AVRO"))
+    return schema_id, parse_schema(evolved)
+
+
+def _send_evolved(producer, spec, schema_id: int, writer) -> None:
+    for value in spec.staged:
+        producer.send_staged(spec.group_id, value)
+    for value in spec.receipts:
+        body = io.BytesIO()
+        schemaless_writer(body, writer, {**value, "note": "written by a newer producer"})
+        producer.produce(producer.topics.receipts, spec.group_id,
+                         b"\x00" + schema_id.to_bytes(4, "big") + body.getvalue())
+    producer.flush()
+
+
+def _summaries(kafka, topics) -> dict:
+    return {s["group_id"]: s for s in (SUMMARY.decode(m.value()[5:])
+                                       for m in read_all(kafka.bootstrap, topics.finalized_groups))}
+
+
+def test_a_registry_restart_holds_good_records_and_dead_letters_nothing(kafka, registry):
     cfg, topics, producer = _setup(kafka, registry)
-    spec = make_group("during", 2, seed=71)
+    newer_id, newer = _evolved_receipts(registry, topics)
+    before, known, held = (make_group(name, 2, seed=seed) for name, seed in
+                           (("before", 70), ("known", 71), ("held", 72)))
     with RunningStage(cfg) as stage:             # start() registers the output schemas
         stats, runtime = stage.runtime.stats, stage.runtime
         stage.wait(lambda: runtime.ready, 60, "ready")
-        registry.stop()                            # before the stage has resolved any input schema
-        _send(producer, spec)
+        _send(producer, before)
+        stage.wait(lambda: stats.total("groups_published") >= 1, 60, "the first group")
+        registry.kill()                            # a crash: connections refused
+        _send(producer, known)                     # schema ids the stage resolved already
+        stage.wait(lambda: stats.total("groups_published") >= 2, 60, "a group of known ids")
+        _send_evolved(producer, held, newer_id, newer)   # an id the stage has not resolved yet
         stage.wait(lambda: stats.gauges.get("schema_registry_unavailable") == 1.0, 30, "outage noticed")
         ok, why = runtime.readiness()
         assert not ok and "schema registry unavailable" in why
         time.sleep(4)                              # the records wait; the loop goes on polling
         assert time.monotonic() - stats.last_loop_at < 1.0
-        assert stats.total("dead_letters") == 0 and stats.total("groups_published") == 0
-        held = _committed(kafka, cfg)
-        assert held[topics.receipts] <= 0 and held[topics.staged_calls] <= 0   # nothing committed
-        registry.start()
-        stage.wait(lambda: stats.total("groups_published") >= 1, 60, "publication after the outage")
+        assert stats.total("dead_letters") == 0 and stats.total("groups_published") == 2
+        committed = _committed(kafka, cfg)         # nothing committed past the held group
+        assert committed[topics.receipts] <= 4 and committed[topics.staged_calls] <= 12
+        registry.start()                           # same ports, same storage: the ids are valid
+        stage.wait(lambda: stats.total("groups_published") >= 3, 60, "publication after the restart")
         stage.wait(lambda: runtime.ready, 30, "ready again")
         assert stats.gauges["schema_registry_unavailable"] == 0.0
         # records put back while the registry was down are counted once, when consumed
-        assert stats.count("records_consumed", topic=topics.receipts) == len(spec.receipts)
-        assert stats.count("records_consumed", topic=topics.staged_calls) == len(spec.staged)
-    (summary,) = [SUMMARY.decode(m.value()[5:]) for m in read_all(kafka.bootstrap, topics.finalized_groups)]
-    assert summary["group_id"] == "during"
-    assert summary["outcome"] == "complete" and summary["valid_rows"] == 2
+        assert stats.count("records_consumed", topic=topics.receipts) == 6
+        assert stats.count("records_consumed", topic=topics.staged_calls) == 18
+    summaries = _summaries(kafka, topics)
+    assert sorted(summaries) == ["before", "held", "known"]
+    assert all(s["outcome"] == "complete" and s["valid_rows"] == 2 for s in summaries.values())
     assert read_all(kafka.bootstrap, topics.dead_letter, timeout=5) == []
+    assert registry.starts == 2   # the same registry process was restarted, not replaced
 
 
-def test_a_schema_id_the_registry_does_not_know_is_dead_lettered(kafka, registry):
-    cfg, topics, producer = _setup(kafka, registry)
-    good = make_group("good", 2, seed=72)
-    feed = Feeder(kafka.bootstrap, topics)
-    bogus = b"\x00" + (987654).to_bytes(4, "big") + b"\x02\x04"
-    feed.raw(topics.receipts, b"good", bogus)
-    feed.flush()
-    _send(producer, good)
+def test_a_registry_answering_503_holds_good_records(kafka, stand_in):
+    """A registry that is up but failing (its storage down): only the stand-in can be made to."""
+    cfg, topics, producer = _setup(kafka, stand_in)
+    spec = make_group("during", 2, seed=73)
     with RunningStage(cfg) as stage:
-        stage.wait(lambda: stage.runtime.stats.total("groups_published") >= 1, 60, "publication")
-        stage.wait(lambda: stage.runtime.stats.total("dead_letters") >= 1, 30, "dead letter")
-    (letter,) = read_all(kafka.bootstrap, topics.dead_letter)
-    headers = dict(letter.headers())
-    assert letter.value() == bogus
-    assert headers["error-class"] == b"undecodable"
-    assert b"schema id 987654" in headers["error"]
+        stats, runtime = stage.runtime.stats, stage.runtime
+        stage.wait(lambda: runtime.ready, 60, "ready")
+        stand_in.status = 503
+        _send(producer, spec)
+        stage.wait(lambda: stats.gauges.get("schema_registry_unavailable") == 1.0, 30, "outage noticed")
+        ok, why = runtime.readiness()
+        assert not ok and "503" in why
+        time.sleep(2)
+        assert stats.total("dead_letters") == 0 and stats.total("groups_published") == 0
+        held = _committed(kafka, cfg)
+        assert held[topics.receipts] <= 0 and held[topics.staged_calls] <= 0
+        stand_in.status = None
+        stage.wait(lambda: stats.total("groups_published") >= 1, 60, "publication after the outage")
+    assert _summaries(kafka, topics)["during"]["valid_rows"] == 2
+    assert read_all(kafka.bootstrap, topics.dead_letter, timeout=5) == []
 
 
 def test_sigterm_stops_the_stage_during_a_registry_outage(kafka, registry, tmp_path):
@@ -108,8 +174,8 @@ def test_sigterm_stops_the_stage_during_a_registry_outage(kafka, registry, tmp_p
     proc = StageProcess(cfg, tmp_path, "registry-down")
     try:
         proc.wait_for(lambda: "partition 0 ready" in proc.log(), 90, "partition assigned")
-        registry.stop()
-        _send(producer, make_group("waiting", 2, seed=73))
+        registry.kill()
+        _send(producer, make_group("waiting", 2, seed=74))
         proc.wait_for(lambda: "schema registry unavailable" in proc.log(), 60, "outage noticed")
         started = time.monotonic()
         proc.signal(signal.SIGTERM)

@@ -23,10 +23,19 @@ AUTOSCALE = {"keda": {"enabled": True}, "serviceMonitor": {"enabled": True, "lab
              "partitions": 24}
 GPU = {"gpu": {"enabled": True, "count": 2, "nodeSelector": {"nvidia.com/gpu.present": "true"}}}
 STATIC = {"staticMembership": {"enabled": True, "sessionTimeoutMs": 90000}}
+REGISTRY = {"config": {"bootstrap_servers": "kafka:9092", "framing": "confluent",
+                       "schema_registry_url": "https://registry:8081"},
+            "schemaRegistry": {"basicAuth": {"enabled": True, "existingSecret": "sr-user"},
+                               "tls": {"enabled": True, "existingSecret": "sr-tls", "certKey": "tls.crt",
+                                       "keyKey": "tls.key"}}}
 ALERTING = {"serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True, "labels": {"release": "prom"}}}
 VALUE_SETS = {"default": {}, "sasl-tls": SECURE, "keda-servicemonitor": AUTOSCALE, "gpu": GPU,
-              "static-membership": STATIC, "alerting": ALERTING,
-              "everything": {**SECURE, **AUTOSCALE, **GPU, **STATIC, **ALERTING, "transactionalIdPrefix": "prod-"}}
+              "static-membership": STATIC, "alerting": ALERTING, "registry-auth-tls": REGISTRY,
+              "everything": {**SECURE, **AUTOSCALE, **GPU, **STATIC, **ALERTING, **REGISTRY,
+                             "transactionalIdPrefix": "prod-"}}
+# Variables outside the stage's namespace that the chart sets: the parts of the registry's user
+# info, which ROLLOUT_REASSEMBLER_SCHEMA_REGISTRY__BASIC_AUTH_USER_INFO joins.
+HELPER_ENV = {"POD_NAME", "SCHEMA_REGISTRY_BASIC_AUTH_USERNAME", "SCHEMA_REGISTRY_BASIC_AUTH_PASSWORD"}
 
 POD_NAME = "rr-rollout-reassembler-0"
 
@@ -96,7 +105,7 @@ def test_lint_strict_passes(name):
 def test_rendered_config_and_env_load_with_the_stage_loader(name):
     docs = render(VALUE_SETS[name])
     env = pod_env(docs)
-    assert all(k.startswith("ROLLOUT_REASSEMBLER_") or k == "POD_NAME" for k in env), env
+    assert all(k.startswith("ROLLOUT_REASSEMBLER_") or k in HELPER_ENV for k in env), env
     cfg = load_stage_config(stage_yaml(docs), {k: v for k, v in env.items() if k != "POD_NAME"})
     port = container(docs)["ports"][0]
     assert port["name"] == "metrics" and cfg.metrics_port == port["containerPort"] == values_yaml()["metrics"]["port"]
@@ -245,6 +254,40 @@ def test_sasl_and_tls_come_from_existing_secrets():
     assert cfg.kafka["security.protocol"] == "SSL" and "sasl.mechanism" not in cfg.kafka
 
 
+def test_schema_registry_credentials_come_from_existing_secrets():
+    docs = render(REGISTRY)
+    env = {e["name"]: e for e in container(docs)["env"]}
+    for var, key in (("SCHEMA_REGISTRY_BASIC_AUTH_USERNAME", "username"),
+                     ("SCHEMA_REGISTRY_BASIC_AUTH_PASSWORD", "password")):
+        assert env[var]["valueFrom"]["secretKeyRef"] == {"name": "sr-user", "key": key}
+    assert not by_kind(docs, "Secret")   # references only
+    assert "basic_auth_user_info" not in stage_yaml(docs)
+    cfg = load_stage_config(stage_yaml(docs), {k: v for k, v in pod_env(docs).items() if k != "POD_NAME"})
+    props = cfg.schema_registry.client_properties()
+    assert props["basic.auth.user.info"] == "<secret sr-user/username>:<secret sr-user/password>"
+    pod = one(docs, "StatefulSet")["spec"]["template"]["spec"]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "schema-registry-tls"]
+    assert volume["secret"]["secretName"] == "sr-tls"
+    (mount,) = [m for m in container(docs)["volumeMounts"] if m["name"] == "schema-registry-tls"]
+    assert mount["readOnly"] is True
+    for prop, key in (("ssl.ca.location", "ca.crt"), ("ssl.certificate.location", "tls.crt"),
+                      ("ssl.key.location", "tls.key")):
+        assert props[prop] == f"{mount['mountPath']}/{key}"
+    assert cfg.kafka == {}   # the registry's TLS is not the brokers'
+    only_ca = render({"schemaRegistry": {"tls": {"enabled": True, "existingSecret": "sr-ca"}}})
+    cfg = load_stage_config(stage_yaml(only_ca), {k: v for k, v in pod_env(only_ca).items() if k != "POD_NAME"})
+    assert set(cfg.schema_registry.client_properties()) == {"ssl.ca.location"}
+    default = load_stage_config(stage_yaml(render()), {k: v for k, v in pod_env(render()).items() if k != "POD_NAME"})
+    assert default.schema_registry.client_properties() == {}
+
+
+def test_a_registry_key_without_its_certificate_is_refused():
+    result = helm_cmd("template", {"schemaRegistry": {"tls": {"enabled": True, "existingSecret": "s",
+                                                              "keyKey": "tls.key"}}})
+    assert result.returncode != 0
+    assert "schemaRegistry.tls.keyKey needs schemaRegistry.tls.certKey" in result.stderr, result.stderr
+
+
 def test_keda_max_replicas_is_the_partition_count():
     docs = render(AUTOSCALE)
     scaled = one(docs, "ScaledObject")
@@ -342,6 +385,11 @@ BAD_VALUES = {
     "confluent framing without registry": ({"config": {"bootstrap_servers": "b", "framing": "confluent"}}, "/config"),
     "sasl without secret": ({"kafka": {"sasl": {"enabled": True}}}, "/kafka/sasl"),
     "tls without secret": ({"kafka": {"tls": {"enabled": True}}}, "/kafka/tls"),
+    "registry basic auth without secret": ({"schemaRegistry": {"basicAuth": {"enabled": True}}},
+                                           "/schemaRegistry/basicAuth"),
+    "registry tls without secret": ({"schemaRegistry": {"tls": {"enabled": True}}}, "/schemaRegistry/tls"),
+    "registry user info in the ConfigMap": ({"config": {"bootstrap_servers": "b", "schema_registry": {
+        "basic_auth_user_info": "stage:hunter2"}}}, "/config/schema_registry"),
     "typo at the top": ({"replicas": 2}, ""),
     "bad port": ({"metrics": {"port": 70000}}, "/metrics/port"),
     "bad device": ({"gpu": {"device": "tpu"}}, "/gpu/device"),

@@ -29,7 +29,7 @@ def _suite(item) -> str:
 def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
-    for name in ("kafka", "tansu"):
+    for name in ("kafka", "tansu", "apicurio", "apicurio_persistent"):
         if name not in getattr(item, "fixturenames", ()):
             continue
         if report.when == "call" or (report.when == "setup" and not report.passed):
@@ -45,7 +45,8 @@ def describe(name: str) -> str:
     broker = STARTED.get(name)
     if broker is None:
         return "none started (tests skipped)"
-    return getattr(broker, "description", f"{broker.kind} at {broker.bootstrap}")
+    description = getattr(broker, "description", None)
+    return description or f"{broker.kind} at {broker.bootstrap}"
 
 
 def pytest_terminal_summary(terminalreporter):

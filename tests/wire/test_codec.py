@@ -120,6 +120,34 @@ def test_registry_outage_is_retriable():
     assert info.value.retriable
 
 
+class _Refusing:
+    """A registry client that answers every call with one HTTP status (as SchemaRegistryError)."""
+
+    def __init__(self, status: int) -> None:
+        self.status = status
+
+    def _raise(self, *args, **kwargs):
+        from confluent_kafka.schema_registry.error import SchemaRegistryError
+        raise SchemaRegistryError(self.status, self.status * 100, f"HTTP {self.status}")
+
+    get_schema = register_schema = lookup_schema = _raise
+
+
+@pytest.mark.parametrize("status, retriable", [
+    (401, True), (403, True), (408, True), (429, True), (500, True), (503, True),   # the client or an outage
+    (404, False), (409, False), (422, False),                                       # the data or the schema
+])
+def test_registry_answers_say_whether_to_wait(status, retriable):
+    reader = AvroCodec("LedgerEntry", framing="confluent", registry=_Refusing(status))
+    with pytest.raises(RegistryError) as info:
+        reader.decode(b"\x00\x00\x00\x00\x01" + AvroCodec("LedgerEntry").encode(ledger_entry()))
+    assert (info.value.retriable, info.value.status) == (retriable, status)
+    writer = AvroCodec("LedgerEntry", framing="confluent", registry=_Refusing(status), subject="s-value")
+    with pytest.raises(RegistryError) as info:
+        writer.ensure_registered()
+    assert (info.value.retriable, info.value.status) == (retriable, status)
+
+
 @pytest.mark.parametrize("data, message", [
     (b"\x00\x00\x00", "3 bytes is shorter than the 5-byte Confluent header"),
     (b"\x01" + bytes(20), r"magic byte 0x01 is not 0x00"),

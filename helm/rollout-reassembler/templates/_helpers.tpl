@@ -113,4 +113,13 @@ groups, then commits one transaction bounded by transaction_timeout_ms, then lea
 {{- if and .Values.kafka.tls.enabled (not .Values.kafka.tls.existingSecret) -}}
 {{- fail "kafka.tls.enabled needs kafka.tls.existingSecret (a Secret holding the CA certificate)" -}}
 {{- end -}}
+{{- if and .Values.schemaRegistry.basicAuth.enabled (not .Values.schemaRegistry.basicAuth.existingSecret) -}}
+{{- fail "schemaRegistry.basicAuth.enabled needs schemaRegistry.basicAuth.existingSecret (a Secret holding the registry username and password)" -}}
+{{- end -}}
+{{- if and .Values.schemaRegistry.tls.enabled (not .Values.schemaRegistry.tls.existingSecret) -}}
+{{- fail "schemaRegistry.tls.enabled needs schemaRegistry.tls.existingSecret (a Secret holding the registry's CA certificate)" -}}
+{{- end -}}
+{{- if and .Values.schemaRegistry.tls.keyKey (not .Values.schemaRegistry.tls.certKey) -}}
+{{- fail "schemaRegistry.tls.keyKey needs schemaRegistry.tls.certKey (the client certificate the key belongs to)" -}}
+{{- end -}}
 {{- end -}}
