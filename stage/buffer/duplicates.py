@@ -8,15 +8,19 @@ They run only when a second record with a held identity arrives, never on the fi
 
 "Same content" (docs/schemas.md, Duplicates and conflicts): for a receipt, every field of the
 ReceiptEvent (the group-level fields are compared before, by stage.buffer.fields); for a staged
-call, its ``fingerprint`` taken at decode: every field of the StagedCall except the token and
-route tensors, which the digests it carries stand for (``digest`` covers the token columns,
-``extras_digest`` the routes), and the media and top-k columns, which no digest covers, by value.
+call, its ``fingerprint`` taken at decode (every field of the StagedCall but the token and route
+tensors, the media and top-k columns by value), then the token and route tensors byte for byte
+where both copies still hold them: a copy whose tokens changed under the same digest is a
+conflict too (its digest no longer matches it). A route payload the buffer released at intake
+(deferred router replay, router replay off) is compared through ``extras_digest`` only.
 """
 
 from __future__ import annotations
 
 import math
 from typing import Any
+
+import numpy as np
 
 from stage.buffer.items import ReceiptItem, StagedItem
 
@@ -80,15 +84,60 @@ def _fields(fingerprint: tuple) -> dict:
     return dict(zip(names, values))
 
 
+# The tensor columns a StagedCall's digests stand for, compared byte for byte when both copies
+# hold them (routes are None once released at intake).
+TENSOR_COLUMNS = ("token_ids_delta", "token_mask_delta", "generation_log_probs_delta",
+                  "routed_experts", "routed_experts_boundary")
+
+
+def _tensor_difference(first: StagedItem, second: StagedItem) -> str | None:
+    ours, theirs = first.payload, second.payload
+    if not isinstance(ours, dict) or not isinstance(theirs, dict):
+        return None
+    for name in TENSOR_COLUMNS:
+        a, b = ours.get(name), theirs.get(name)
+        if a is None and b is None:
+            continue
+        if a is None or b is None:
+            if name.startswith("routed_experts"):
+                continue   # one copy's payload released at intake: extras_digest stands for it
+            return f"{name} present in one copy only"
+        if not _same_tensor(a, b):
+            return f"{name} differs (same digest: the new copy's tensor does not match it)"
+    return None
+
+
+def _same_tensor(a, b) -> bool:
+    """Equal values and shape (a column sent as uint32 in one copy and uint64 in the other is
+    the same column); a NaN equals a NaN."""
+    if not (isinstance(a, dict) and isinstance(b, dict)):
+        return _same(a, b)
+    if a.get("shape") != b.get("shape"):
+        return False
+    if a.get("dtype") == b.get("dtype"):
+        return a.get("data") == b.get("data")
+    try:
+        x = np.frombuffer(a["data"], dtype=np.dtype(a["dtype"]))
+        y = np.frombuffer(b["data"], dtype=np.dtype(b["dtype"]))
+    except (TypeError, ValueError, KeyError):   # a dtype numpy does not know: compare as sent
+        return False
+    floats = x.dtype.kind == "f" or y.dtype.kind == "f"
+    return x.shape == y.shape and bool(np.array_equal(x, y, equal_nan=floats))
+
+
 def staged_difference(first: StagedItem, second: StagedItem) -> str | None:
     """Why ``second`` (same group and staging_key as ``first``) is a conflict, or None."""
     ours, theirs = _fields(first.fingerprint), _fields(second.fingerprint)
+    detail = None
     for name in dict.fromkeys([*ours, *theirs]):
         a, b = ours.get(name), theirs.get(name)
         if not _same(a, b):
             detail = (f"{name} {_show(b)} != {_show(a)}" if not isinstance(a, dict) and not isinstance(b, dict)
                       else f"{name} differs")   # media, top-k: tensors, not worth quoting
-            return (f"conflicts with group {second.group_id}: staging_key {second.staging_key!r} "
-                    f"staged twice with different content: {detail} (the new copy's value first; "
-                    f"the first copy, kept, at {_where(first)})")
-    return None
+            break
+    detail = detail or _tensor_difference(first, second)
+    if detail is None:
+        return None
+    return (f"conflicts with group {second.group_id}: staging_key {second.staging_key!r} "
+            f"staged twice with different content: {detail} (the new copy's value first; "
+            f"the first copy, kept, at {_where(first)})")

@@ -303,3 +303,30 @@ def test_staged_copies_are_compared_through_their_decode_fingerprint():
     assert "digest '0000" in b.last_conflict
     assert b.add_staged(item(dict(value, extras_metadata_json='{"a":1}'), 3), 0) == CONFLICT
     assert "extras_metadata_json" in b.last_conflict
+
+
+def test_a_staged_copy_with_other_tokens_under_the_same_digest_is_a_conflict():
+    """The fingerprint leaves the digested columns out; the tensors themselves are compared when
+    both copies hold them (by value: another wire dtype of the same tokens is a duplicate)."""
+    import numpy as np
+    from stage.client import staged_call_from_record
+    from stage.contract.producer import RolloutBuilder
+    from stage.decode import staged_item
+    from stage.wire import AvroCodec, pack_tensor
+
+    codec = AvroCodec("StagedCall")
+    call = RolloutBuilder("r0").stage("c1", parent_call_id=None, prompt_delta=[1, 2], generated=[3],
+                                     generated_logprobs=[-0.5], weight_version=1).record
+    value = staged_call_from_record("g", call)
+
+    def item(record, offset):
+        data = codec.encode(record)
+        return staged_item(codec.decode(data), Position(S, 0, offset, 0), len(data))
+
+    b = buffer()
+    assert b.add_staged(item(value, 0), 0) == ADDED
+    wider = dict(value, token_ids_delta=pack_tensor(np.array([1, 2, 3], dtype=np.uint64)))
+    assert b.add_staged(item(wider, 1), 0) == DUPLICATE
+    tampered = dict(value, token_ids_delta=pack_tensor(np.array([1, 2, 4], dtype=np.uint32)))
+    assert b.add_staged(item(tampered, 2), 0) == CONFLICT
+    assert "token_ids_delta differs (same digest" in b.last_conflict
