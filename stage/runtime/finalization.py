@@ -4,31 +4,35 @@ group halts its partition.
 
 Owns: the futures in the finalize pool (``inflight``, keyed by partition and group, each with
 the epoch of the partition that took it: a result whose partition was dropped or reloaded since
-is discarded) and their estimated working sets (stage.runtime.memory). Touches, of a
-partition: its ``waiting`` and ``done`` queues and, on a halt, ``halted``, its HALTED pause and
-its waiting groups. Uses: the pool, the finalize settings, the codecs, the stats, and ``room``
-(bytes left under max_buffered_bytes): a group starts only when its working set fits, or when
-nothing else is in progress.
+is discarded), the groups they finalize, and their estimated working sets
+(stage.runtime.memory). Touches, of a partition: its ``waiting`` and ``done`` queues and, on a
+halt, ``halted``, its HALTED pause and its waiting groups. Uses: the workers (threads or
+processes, stage.runtime.workers), the stats, and ``room`` (bytes left under
+max_buffered_bytes): a group starts only when its working set fits, or when nothing else is in
+progress. A group whose worker process died is handed back to its partition's queue once; a
+second death halts the partition (a cause of the host's: memory, native code).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures.process import BrokenProcessPool
 
 from stage.runtime.memory import working_set
 from stage.runtime.pauses import HALTED
-from stage.runtime.worker import finalize_and_encode
 
 logger = logging.getLogger("stage.runtime.loop")
 
 
+_ATTEMPTS = 2   # worker-process deaths a group may see before its partition halts
+
+
 class Finalization:
-    def __init__(self, *, pool, max_inflight: int, task, routes_mode: str, partitions, pauses, stats,
+    def __init__(self, *, workers, max_inflight: int, routes_mode: str, partitions, pauses, stats,
                  room=None, idle=None) -> None:
-        self.pool = pool
+        self.workers = workers             # submit(group, why, epoch) -> Future[Outputs]
         self.max_inflight = max_inflight   # max_inflight_groups: finalizing + finalized, not published
-        self.task = task                   # keyword arguments of finalize_and_encode beyond the group
         self.routes_mode = routes_mode     # off, deferred or direct: sizes the working set
         self.partitions = partitions
         self.pauses = pauses
@@ -37,6 +41,8 @@ class Finalization:
         self.idle = idle or (lambda: True)       # () -> no transaction in flight
         self.inflight: dict[tuple[int, str], object] = {}
         self.working: dict[tuple[int, str], int] = {}   # estimated working set, same keys
+        self.taken: dict[tuple[int, str], tuple] = {}   # (group, why, epoch), same keys
+        self.attempts: dict[tuple[int, str], int] = {}  # worker deaths seen by a group
 
     @property
     def busy(self) -> bool:
@@ -60,8 +66,9 @@ class Finalization:
                 return   # waits for publications to free memory
             self.partitions.take_oldest("waiting", 1)
             key = (group.partition, group.group_id)
-            self.inflight[key] = self.pool.submit(finalize_and_encode, group, why, epoch, **self.task)
+            self.inflight[key] = self.workers.submit(group, why, epoch)
             self.working[key] = need
+            self.taken[key] = (group, why, epoch)
 
     def collect(self) -> None:
         """Queue finished finalizations on their partitions (results of dropped or reloaded
@@ -70,7 +77,13 @@ class Finalization:
             if future.done():
                 del self.inflight[key]
                 self.working.pop(key, None)
-                outputs = future.result()  # finalize_and_encode never raises
+                taken = self.taken.pop(key)
+                error = future.exception()   # finalize_and_encode never raises; a worker can die
+                if error is not None:
+                    self._worker_failed(key, taken, error)
+                    continue
+                self.attempts.pop(key, None)
+                outputs = future.result()
                 state = self.partitions.current(outputs.partition, outputs.epoch)
                 if state is None:
                     continue
@@ -79,6 +92,29 @@ class Finalization:
                     continue
                 state.done.append((self.partitions.stamp(), outputs))
                 self.stats.observe("finalize_seconds", outputs.finalize_s)
+
+    def _worker_failed(self, key, taken, error: BaseException) -> None:
+        """The worker running a group died (or its result could not come back). The pool is
+        made anew; the group goes back to its partition's queue, or halts it after a second
+        death (the same group killing its worker again is the host's problem: memory, native
+        code, and would recur for every restart)."""
+        group, why, epoch = taken
+        if isinstance(error, BrokenProcessPool) and getattr(self.workers, "broken", False):
+            logger.error("a finalize worker process died (%s); starting a new pool", error)
+            self.workers.restart()
+        state = self.partitions.current(group.partition, epoch)
+        if state is None:
+            return
+        self.attempts[key] = self.attempts.get(key, 0) + 1
+        if self.attempts[key] < _ATTEMPTS:
+            logger.warning("group %s: its finalize worker failed (%s: %s); trying it again",
+                           group.group_id, type(error).__name__, error)
+            state.waiting.append((-self.partitions.stamp(), taken))   # ahead of every other
+            return
+        self.attempts.pop(key, None)
+        self._halt(state, _Failed(group.partition, group.group_id,
+                                  f"finalize_error: worker: {type(error).__name__}: {error} "
+                                  f"({_ATTEMPTS} times: host memory or native code)"))
 
     def drain(self, budget_s: float, only: set[int] | None = None) -> None:
         """Wait (bounded) for in-flight finalizations, optionally of some partitions only."""
@@ -105,3 +141,10 @@ class Finalization:
         self.pauses.hold(out.partition, HALTED)
         state.waiting.clear()
         self.stats.set("halted_partitions", sum(1 for s in self.partitions if s.halted is not None))
+
+
+class _Failed:
+    """What _halt needs of a group's outcome when no Outputs came back."""
+
+    def __init__(self, partition: int, group_id: str, error: str) -> None:
+        self.partition, self.group_id, self.error = partition, group_id, error

@@ -54,6 +54,7 @@ from stage.runtime.registry import SchemaResolver, build_codecs
 from stage.runtime.startup import connect_admin, probe_device, register_output_schemas
 from stage.runtime.stats import RuntimeStats
 from stage.runtime.topics import PartitionWatch
+from stage.runtime.workers import make_workers
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +88,10 @@ class StageRuntime:
             self.partitions.on_drop(self.resolver.forget)
         self._fatal: exits.StageExit | None = None
         self._stop = threading.Event()
-        self.pool = ThreadPoolExecutor(cfg.finalize_workers, thread_name_prefix="finalize")
+        # Finalization: threads of this process or worker processes (stage.runtime.workers).
+        self.pool = make_workers(cfg, limits=limits, task=dict(
+            config=cfg.finalize, dims_cache=self.dims_cache, codecs=self.codecs, topics=cfg.topics,
+            limits=limits, now_ms=self.clock.now_ms))
         # One transaction at a time, off the loop thread (a stuck one can be walked away from).
         self.publish_pool = DetachedWorker("publish")
         # A load may wait out a stalled replica's open transaction: enough threads that one such
@@ -112,12 +116,10 @@ class StageRuntime:
                                    partitions=parts, pauses=self.pauses, clients=self.clients,
                                    stats=stats)
         self.finalization = Finalization(
-            pool=self.pool, max_inflight=cfg.max_inflight_groups, routes_mode=_routes_mode(cfg),
+            workers=self.pool, max_inflight=cfg.max_inflight_groups, routes_mode=_routes_mode(cfg),
             partitions=parts, pauses=self.pauses, stats=stats,
             room=lambda: cfg.max_buffered_bytes - self.holdings().total,
-            idle=lambda: not self.publication.in_flight,
-            task=dict(config=cfg.finalize, dims_cache=self.dims_cache, codecs=self.codecs,
-                      topics=cfg.topics, limits=self.limits, now_ms=self.clock.now_ms))
+            idle=lambda: not self.publication.in_flight)
         self.publication = Publication(cfg, pool=self.publish_pool, clients=self.clients,
                                        ledger_codec=self.codecs["LedgerEntry"], clock=self.clock,
                                        partitions=parts, stats=stats, rewind=rewind,

@@ -130,21 +130,22 @@ class Partitions:
     def take_oldest(self, queue: str, limit: int | None = None) -> list:
         """Remove and return the oldest ``limit`` items (all by default) of one queue across
         every partition, in the order they were queued."""
-        entries = sorted(((seq, state, item) for state in self._states.values()
-                          for seq, item in getattr(state, queue)), key=lambda e: e[0])
+        entries = sorted(((entry, state) for state in self._states.values()
+                          for entry in getattr(state, queue)), key=lambda e: e[0][0])
         if limit is not None:
             entries = entries[:limit]
-        taken: dict[int, int] = {}
-        for _seq, state, _item in entries:
-            taken[state.number] = taken.get(state.number, 0) + 1
-        for number, count in taken.items():
-            del getattr(self._states[number], queue)[:count]
-        return [item for _seq, _state, item in entries]
+        taken: dict[int, set[int]] = {}
+        for entry, state in entries:
+            taken.setdefault(state.number, set()).add(id(entry))
+        for number, ids in taken.items():
+            held = getattr(self._states[number], queue)
+            held[:] = [entry for entry in held if id(entry) not in ids]
+        return [entry[1] for entry, _state in entries]
 
     def peek_oldest(self, queue: str) -> list:
         """The oldest item of one queue across partitions, left in place ([] if empty)."""
-        heads = [getattr(s, queue)[0] for s in self._states.values() if getattr(s, queue)]
-        return [min(heads, key=lambda e: e[0])[1]] if heads else []
+        entries = [entry for s in self._states.values() for entry in getattr(s, queue)]
+        return [min(entries, key=lambda e: e[0])[1]] if entries else []
 
     def items(self, queue: str):
         """Every item of one queue across partitions (left in place)."""

@@ -58,6 +58,10 @@ def probe_device(spec: str) -> None:
             "finalize.device to cpu, or to cuda / cuda:N on a host whose GPU torch can see "
             "(auto picks CUDA when present). With the Helm chart, gpu.enabled=true needs a GPU "
             "node and the CUDA image.")) from None
+    if device.type == "cpu":
+        # One intra-op thread: finalize workers are the parallelism. Measured on 2 cores, torch's
+        # own threads waiting on each other made direct-mode copies 10x slower (1.32 s vs 0.13 s).
+        torch.set_num_threads(1)
     logger.info("finalize device %s is usable", device)
 
 

@@ -1,4 +1,7 @@
-"""The stage on a real broker: complete groups publish exactly N rows equal to the library's."""
+"""The stage on a real broker: complete groups publish exactly N rows equal to the library's,
+whether finalization runs on a thread or in worker processes."""
+
+import pytest
 
 from stage.finalize import ReassemblyConfig
 from stage.wire import AvroCodec
@@ -10,10 +13,12 @@ ROWS = AvroCodec("CanonicalRow")
 SUMMARY = AvroCodec("GroupSummary")
 
 
-def test_complete_groups_publish_exactly_n_rows_equal_to_the_library(kafka):
+@pytest.mark.parametrize("pool", [{}, {"finalize_pool": "process", "finalize_workers": 2}],
+                         ids=["thread", "processes"])
+def test_complete_groups_publish_exactly_n_rows_equal_to_the_library(kafka, pool):
     topics = unique_topics()
-    finalize = ReassemblyConfig(router_replay=True, defer_routes=False)
-    cfg = stage_config(kafka.bootstrap, topics, finalize=finalize)
+    finalize = ReassemblyConfig(router_replay=True, defer_routes=False, route_layers=2, route_topk=2)
+    cfg = stage_config(kafka.bootstrap, topics, finalize=finalize, **pool)
     setup_topics(cfg, partitions=2)
     groups = [make_group(f"g{i}", 4, seed=i) for i in range(6)]
     feeder = Feeder(kafka.bootstrap, topics)

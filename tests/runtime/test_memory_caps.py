@@ -28,11 +28,11 @@ class Stats:
         pass
 
 
-class Pool:
+class Workers:
     def __init__(self):
         self.submitted = []
 
-    def submit(self, fn, group, *args, **kwargs):
+    def submit(self, group, why, epoch):
         self.submitted.append(group.group_id)
         return Future()
 
@@ -54,12 +54,12 @@ def test_outputs_and_the_flight_count_toward_the_cap_not_only_the_buffers():
 
 
 def test_a_group_starts_finalizing_only_when_its_working_set_fits():
-    parts, pool = Partitions(), Pool()
+    parts, pool = Partitions(), Workers()
     state = parts.add(0)
     for name, size in [("big", 600), ("small", 100)]:
         state.waiting.append((parts.stamp(), (_group(name, size), "complete", state.epoch)))
     cap = working_set(600, "direct") - 1            # not enough for the oldest
-    fin = Finalization(pool=pool, max_inflight=64, task={}, routes_mode="direct", partitions=parts,
+    fin = Finalization(workers=pool, max_inflight=64, routes_mode="direct", partitions=parts,
                        pauses=PauseSet(("r", "s")), stats=Stats(), room=lambda: cap - fin.working_bytes)
     fin.inflight[(0, "other")] = Future()          # and something else is finalizing
     fin.submit()

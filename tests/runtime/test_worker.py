@@ -5,7 +5,6 @@ stage.finalize.failures lists come back as ``error`` (the runtime halts on those
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
