@@ -1,5 +1,5 @@
 # syntax=docker/dockerfile:1
-# The rollout-reassembler stage image (README.md, "Operations").
+# The rollout-reassembler stage image (docs/operations.md).
 #
 # CPU (default): torch's CPU-only wheel, no CUDA libraries.
 #   docker build -t rollout-reassembler:0.1.0 .

@@ -13,7 +13,7 @@ route payloads released at intake; no-routes), for each group of the profile:
 ``--workers N``: the same groups decoded and finalized by 1..N threads and 1..N processes, in
 groups per second (a process gets the wire records and returns the encoded outputs).
 
-Profiles: ``default`` is the fixed group the README's figures use (N=8 x 32 calls x 512 tokens,
+Profiles: ``default`` is the fixed group docs/performance.md's figures use (N=8 x 32 calls x 512 tokens,
 routes 48x8 int16, 96 MiB); ``toy`` and ``agentic-moe`` are generated (stage.workload.profiles).
 """
 

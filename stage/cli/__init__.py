@@ -29,7 +29,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="rollout-reassembler", formatter_class=Help,
         description="Verify staged RL rollouts and publish canonical training rows. Exit status: 0 "
                     "success, 1 failure (a check, a topic layout), 2 usage error, 3 configuration "
-                    "error; `run` has more (README, Exit codes).")
+                    "error; `run` has more (docs/operations.md, Exit codes).")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     from stage.cli.demo import add_parser as add_demo_parser
     add_demo_parser(commands)

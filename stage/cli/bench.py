@@ -6,7 +6,7 @@ from __future__ import annotations
 from stage.cli.args import add_parser, at_least, device, positive_float
 
 # stage.bench.finalize.PROFILE_CHOICES (a test keeps them equal): "default" is each benchmark's
-# own fixed case (the README's figures), the others are stage.workload's named profiles.
+# own fixed case (docs/performance.md's figures), the others are stage.workload's named profiles.
 PROFILES = ("default", "toy", "agentic-moe")
 PROFILE_HELP = ("default: the benchmark's fixed case; toy or agentic-moe: groups of that workload "
                 "profile (agentic-moe: N=16, ~64 calls, 32k mean / 128k max tokens, routes 48x8 "

@@ -1,5 +1,5 @@
 """Why the stage stopped: one exit code per failure an operator must act on, with a message
-that says what happened and what to do (README, "Exit codes")."""
+that says what happened and what to do (docs/operations.md, "Exit codes and start-up checks")."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Checkpointed reading on a real broker: a trainer process (tests/client/trainer_proc.py, the
-README's trainer loop) killed with SIGKILL at random points, and crashing itself between
+docs/trainer.md's trainer loop) killed with SIGKILL at random points, and crashing itself between
 training, checkpointing and committing, is restarted from its last checkpoint until it has
 every group; across the whole run each group is in its train state exactly once (trained, or
 set aside as too stale for the policy), and the lag-monitoring commits match its position.

@@ -1,4 +1,4 @@
-"""A checkpointing trainer loop as its own process (the README's "Trainer loop"), for the
+"""A checkpointing trainer loop as its own process (docs/trainer.md; examples/trainer_loop.py is the CPU version), for the
 kill/resume test: ``python -m tests.client.trainer_proc --bootstrap ... --prefix ... --checkpoint
 PATH --total N``.
 

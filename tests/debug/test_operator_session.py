@@ -1,9 +1,9 @@
-"""The README's "Operator's debugging session", run as written against a real broker and the
+"""docs/operations.md's debugging session, run as written against a real broker and the
 stage: a group stays unpublished because one of its receipts was produced to the wrong partition
 (a producer with librdkafka's default partitioner); ``inspect`` shows the three receipts that
 arrived and the dead letter of the fourth, ``dead-letters list`` finds it, ``replay`` puts it
 where the contract says, and ``inspect`` then shows the published group and why its last row
-was rejected. ``-s`` prints the transcript (the README quotes it, topic prefix removed)."""
+was rejected. ``-s`` prints the transcript (docs/operations.md quotes it, topic prefix removed)."""
 
 from __future__ import annotations
 

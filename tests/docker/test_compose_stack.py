@@ -3,7 +3,7 @@ no bridge, so every service uses the host network on 127.0.0.1): the broker, top
 stage and Prometheus from images built here (KAFKA_/STAGE_/PROMETHEUS_TEST_IMAGE), the compose
 `demo` service's produce-only feed, the demo's checks on the stage's output, Prometheus scraping
 the stage, and the broker's data in its volume. Grafana is not started: no registry serves its
-image here and its source is AGPL (README, "What was not run here")."""
+image here and its source is AGPL (docs/status.md, "What was not run here")."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""The Python in docs/ is excerpts of examples/ (which CI runs): every ```python block whose
-first line is ``# from examples/<file>`` must appear in that file, line for line (the excerpt
-may be dedented as a whole)."""
+"""The Python in the README and docs/ is excerpts of examples/ (which CI runs): every
+```python block whose first line is ``# from examples/<file>`` must appear in that file, line
+for line (the excerpt may be dedented as a whole), and the README's Python blocks are all such
+excerpts."""
 
 from __future__ import annotations
 
@@ -34,14 +35,19 @@ def found_in(lines: list[str], source: str) -> bool:
 
 def test_every_python_excerpt_in_the_docs_is_in_its_example():
     checked = 0
-    for doc in sorted((ROOT / "docs").glob("*.md")):
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
         for path, lines in excerpts(doc):
             source = (ROOT / path).read_text()
             assert lines and found_in(lines, source), (
                 f"{doc.name}: the excerpt of {path} starting {lines[:1]} is not in that file; "
                 f"copy it again from the example")
             checked += 1
-    assert checked >= 5     # docs/producers.md sections 9 and 10
+    assert checked >= 9     # the README's four, docs/producers.md sections 9 and 10, docs/trainer.md
+
+
+def test_the_readme_shows_no_python_that_is_not_an_example_excerpt():
+    blocks = re.findall(r"^```python\n(.*?)^```", (ROOT / "README.md").read_text(), re.M | re.S)
+    assert blocks and all(MARKER.match(block.partition("\n")[0]) for block in blocks)
 
 
 def test_the_checker_catches_an_edited_excerpt():

@@ -1,5 +1,5 @@
 """Failures an operator must act on end with a readable message and a distinct exit code
-(README, "Exit codes"), never a raw traceback: an unreachable broker, a fenced replica, and
+(docs/operations.md, "Exit codes"), never a raw traceback: an unreachable broker, a fenced replica, and
 partitions added to an input topic while the stage runs."""
 
 from __future__ import annotations

@@ -346,7 +346,7 @@ def test_gpu_resources_only_when_enabled():
 
 
 @pytest.mark.parametrize("values, image", [
-    # the CUDA build's tag as the README's build command names it, from the chart's appVersion
+    # the CUDA build's tag as docs/operations.md's build command names it, from the chart's appVersion
     ({}, "rollout-reassembler:{v}-cuda"),
     ({"image": {"tag": "0.2.0"}}, "rollout-reassembler:0.2.0-cuda"),
     ({"image": {"tag": "0.2.0-cuda"}}, "rollout-reassembler:0.2.0-cuda"),
