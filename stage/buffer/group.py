@@ -22,7 +22,8 @@ class GroupState:
     receipts: dict[int, ReceiptItem] = field(default_factory=dict)
     staged: dict[str, StagedItem] = field(default_factory=dict)
     status: str = OPEN
-    nbytes: int = 0
+    nbytes: int = 0                # held in memory
+    spilled_bytes: int = 0         # of its staged records, on local disk (stage.buffer.spill)
     last_timestamp_ms: int = 0
     # The lowest offset per input topic this group still needs (for the commit watermark).
     min_offsets: dict[str, int] = field(default_factory=dict)

@@ -63,3 +63,6 @@ class StagedItem:
     # compared with (stage.buffer.duplicates); kept apart from the payload, so it survives a
     # payload the buffer no longer holds whole. () when none was taken.
     fingerprint: tuple = ()
+    # Bytes of its record on local disk once spilled (stage.buffer.spill; the payload is then a
+    # SpilledRecord the finalize step reads back), 0 while it is held in memory.
+    spilled: int = 0

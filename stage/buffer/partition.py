@@ -41,8 +41,10 @@ class Published:
 
 class PartitionBuffer:
     def __init__(self, partition: int, *, receipts_topic: str, staged_topic: str,
-                 group_timeout_ms: int, late_retention_ms: int) -> None:
+                 group_timeout_ms: int, late_retention_ms: int, spill=None) -> None:
         self.partition = partition
+        self.spill = spill                       # SpillStore, or None: every record in memory
+        self.spilled_bytes = 0
         self.receipts_topic = receipts_topic
         self.staged_topic = staged_topic
         self.group_timeout_ms = group_timeout_ms
@@ -242,8 +244,39 @@ class PartitionBuffer:
     def _forget(self, group_id: str) -> GroupState:
         group = self.groups.pop(group_id)
         self.nbytes -= group.nbytes
+        if group.spilled_bytes:
+            self.spilled_bytes -= group.spilled_bytes
+            for item in group.staged.values():
+                if item.spilled:
+                    self.spill.release(item.payload)
         self._complete.discard(group_id)
         return group
+
+    # -- spilling --------------------------------------------------------------------------
+    def spill_staged(self, item: StagedItem, value: bytes, keep: int) -> bool:
+        """Move an admitted staged call's record to disk: its ``value`` (the record's bytes)
+        goes to the spill store, and the item keeps ``keep`` bytes in memory (its decoded
+        small fields). False when there is no store or it is full."""
+        if self.spill is None or item.spilled:
+            return False
+        group = self.groups.get(item.group_id)
+        if group is None or group.staged.get(item.staging_key) is not item:
+            return False
+        ref = self.spill.put(value)
+        if ref is None:
+            return False
+        freed = max(0, item.nbytes - keep)
+        item.payload, item.nbytes, item.spilled = ref, item.nbytes - freed, len(value)
+        group.nbytes -= freed
+        self.nbytes -= freed
+        group.spilled_bytes += len(value)
+        self.spilled_bytes += len(value)
+        return True
+
+    def close(self) -> None:
+        """The partition leaves this process (revoked, lost, rewound): its spill goes."""
+        if self.spill is not None:
+            self.spill.close()
 
     def load_published(self, group_id: str, max_offsets: dict, published_at_ms: int) -> None:
         """A ledger entry read at assignment: records of this group will be skipped."""

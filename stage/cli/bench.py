@@ -65,6 +65,19 @@ def add_parsers(commands) -> None:
     wire.add_argument("--json", action="store_true", help="print the report as JSON")
     wire.add_argument("--profile", choices=PROFILES, default="default", help=PROFILE_HELP)
 
+    memory = add_parser(which, "memory", "the stage's resident memory against max_buffered_bytes")
+    memory.add_argument("--json", action="store_true", help="print the report as JSON")
+    memory.add_argument("--bootstrap-servers", help="default: start a local KRaft broker from the Kafka jars")
+    memory.add_argument("--profile", choices=PROFILES[1:], default="agentic-moe", help=PROFILE_HELP)
+    memory.add_argument("--groups", type=at_least(1), default=4, help="groups of the profile")
+    memory.add_argument("--group-size", type=at_least(1), help="rollouts per group (default: the profile's)")
+    memory.add_argument("--routes", choices=("off", "direct", "deferred"), default="deferred",
+                        help="the stage's router replay")
+    memory.add_argument("--cap-mib", type=at_least(1), default=512, help="max_buffered_bytes in MiB")
+    memory.add_argument("--open", choices=("all", "streaming"), default="all",
+                        help="all: every staged call before any receipt (all groups open at once); "
+                             "streaming: one group after the other")
+
     fetch = add_parser(which, "fetch", "DeferredRouteFetcher: rebuild a group's routes vs a raw consume")
     fetch.add_argument("--json", action="store_true", help="print the report as JSON")
     fetch.add_argument("--bootstrap-servers", help="default: start a local KRaft broker from the Kafka jars")
@@ -99,6 +112,11 @@ def main(args) -> int:
     if args.bench == "wire":
         from stage.bench.wire import main as wire_main
         return wire_main(["--json"] if args.json else [], profile=args.profile)
+    if args.bench == "memory":
+        from stage.bench.memory import run as run_memory
+        return run_memory(bootstrap=args.bootstrap_servers, profile=args.profile, groups=args.groups,
+                          routes=args.routes, cap=args.cap_mib << 20, open_mode=args.open,
+                          group_size=args.group_size, as_json=args.json)
     if args.bench == "fetch":
         _torch_threads(args.torch_threads)
         from stage.bench.fetch import run as run_fetch

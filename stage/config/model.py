@@ -93,6 +93,13 @@ class StageConfig(ConfigModel):
                                    "working set fits (or nothing else is in progress). When every buffered "
                                    "group waits for unread input the stage keeps reading (pausing would "
                                    "deadlock it); deadlines bound that growth")
+    max_spill_bytes: Int = Field(
+        16 << 30, ge=0, description="staged records admitted while the stage holds `max_buffered_bytes` "
+                                    "(every buffered group waiting for unread input) go to local disk under "
+                                    "`spill_dir`, at most this many bytes, and are read back when their "
+                                    "group is finalized (docs/design.md, Memory); 0: never spill")
+    spill_dir: str = Field("", description="where spilled records go (one directory per replica, emptied "
+                                           "at start); empty: the system temporary directory")
     max_buffered_groups: Int = Field(20_000, ge=1, description="back-pressure cap on open groups (as "
                                                                "`max_buffered_bytes`)")
     resume_fraction: float = Field(

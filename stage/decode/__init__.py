@@ -5,7 +5,13 @@ from stage.decode.errors import DecodeError
 from stage.decode.limits import InputLimits
 from stage.decode.receipts import receipt_item
 from stage.decode.routing import MISROUTED, MisroutedError, check_routing
-from stage.decode.staged import staged_item, staged_route_fragment, staged_row
+from stage.decode.staged import (
+    DECODED_OVERHEAD_BYTES,
+    release_routes,
+    staged_item,
+    staged_route_fragment,
+    staged_row,
+)
 
-__all__ = ["DecodeError", "InputLimits", "MISROUTED", "MisroutedError", "check_routing", "receipt_item",
-           "staged_item", "staged_route_fragment", "staged_row"]
+__all__ = ["DECODED_OVERHEAD_BYTES", "DecodeError", "InputLimits", "MISROUTED", "MisroutedError", "check_routing", "receipt_item",
+           "release_routes", "staged_item", "staged_route_fragment", "staged_row"]

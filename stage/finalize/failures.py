@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
+from stage.buffer.spill import SpillReadError
+
 
 @dataclass(frozen=True)
 class HaltCause:
@@ -58,6 +60,11 @@ HOST_MEMORY = HaltCause(
     "int16 group tensor)",
     "give the stage more memory, or lower max_buffered_bytes, max_inflight_groups or "
     "finalize_workers; restart", _host_memory)
+SPILL = HaltCause(
+    "spill", "a staged record spilled to local disk (stage.buffer.spill) could not be read back: "
+    "the disk or its directory failed, not the record",
+    "check spill_dir (space, permissions, the volume); restart (the records are re-read from "
+    "Kafka)", lambda error: isinstance(error, SpillReadError))
 UNPUBLISHABLE = HaltCause(
     "unpublishable", "even N placeholder rows of the group could not be built or encoded: "
     "they depend only on ids and sizes the decoder bounds, so the stage itself is at fault "
@@ -65,7 +72,7 @@ UNPUBLISHABLE = HaltCause(
     "read the logged traceback; fix the configuration or report the bug; restart",
     lambda error: False)   # never matched: the worker names it when its last resort fails
 
-HALT_CAUSES = (DEVICE, HOST_MEMORY, UNPUBLISHABLE)
+HALT_CAUSES = (DEVICE, HOST_MEMORY, SPILL, UNPUBLISHABLE)
 
 
 def halt_cause(error: BaseException) -> HaltCause | None:

@@ -47,6 +47,8 @@ COUNTERS = {
                          "an unavailable input partition", ()),
     "publication_stuck": ("publication_stuck", "Publications found stuck in a coordinator call past "
                           "publish_stuck_ms (librdkafka #5511 after a broker restart)", ()),
+    "records_spilled": ("records_spilled", "Staged records spilled to local disk (admitted while the stage "
+                        "held max_buffered_bytes)", ()),
     "publication_recoveries": ("publication_recoveries", "Stuck publications recovered in process (a new "
                                "producer fenced the stuck one, then a rewind)", ()),
 }
@@ -55,6 +57,7 @@ GAUGES = {
     "buffered_bytes": "Bytes of input records held in the buffers",
     "held_bytes": "Bytes held for unpublished groups (buffered input, finalize working sets, outputs "
                   "waiting, the transaction in flight): what max_buffered_bytes caps",
+    "spilled_bytes": "Bytes of staged records spilled to local disk while the stage held its memory cap",
     "paused_partitions": "Input partitions paused by back-pressure",
     "assigned_partitions": "Input topic-partitions assigned to this member: receipts and staged calls, two per co-partitioned partition",
     "inflight_groups": "Groups finalizing or waiting for a transaction",

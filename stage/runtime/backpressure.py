@@ -30,6 +30,7 @@ class BackPressure:
         groups = sum(s.open_groups for s in self.partitions)
         self.stats.set("buffered_bytes", held.buffered)
         self.stats.set("held_bytes", nbytes)
+        self.stats.set("spilled_bytes", held.spilled)
         self.stats.set("open_groups", groups)
         full = nbytes >= self.max_bytes or groups >= self.max_groups
         drained = (nbytes < self.resume_fraction * self.max_bytes

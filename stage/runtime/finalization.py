@@ -19,7 +19,7 @@ import logging
 import time
 from concurrent.futures.process import BrokenProcessPool
 
-from stage.runtime.memory import working_set
+from stage.runtime.memory import group_working_set
 from stage.runtime.pauses import HALTED
 
 logger = logging.getLogger("stage.runtime.loop")
@@ -60,7 +60,7 @@ class Finalization:
         while (self.partitions.queued("waiting")
                and len(self.inflight) + self.partitions.queued("done") < self.max_inflight):
             [(group, why, epoch)] = self.partitions.peek_oldest("waiting")
-            need = working_set(group.nbytes, self.routes_mode)
+            need = group_working_set(group, self.routes_mode)
             alone = not self.inflight and not self.partitions.queued("done") and self.idle()
             if need > self.room() and not alone:
                 return   # waits for publications to free memory

@@ -2,10 +2,12 @@
 schema is not resolved yet, its partition is still loading); or dead-lettered once.
 
 Owns: which topic-partitions were put back during the current consume batch.
-Touches, of the record's partition: its buffer, its dead-letter watermarks, its dead-letter
-queue, its REGISTRY pause and ``offsets_moved``. Uses: the codecs, the input limits, the
-consumer (to seek back), the probe (a put-back record invalidates its partition's answer) and
-the schema resolver. A failed seek asks ``rewind`` to start every partition over.
+Touches, of the record's partition: its buffer (a staged call admitted while the stage holds
+its memory cap is spilled to disk there), its dead-letter watermarks, its dead-letter queue, its
+REGISTRY pause and ``offsets_moved``. Uses: the codecs, the input limits, the consumer (to seek
+back), the probe (a put-back record invalidates its partition's answer), the schema resolver and
+``room`` (bytes left under max_buffered_bytes, asked once a batch). A failed seek asks
+``rewind`` to start every partition over.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from confluent_kafka import KafkaException, TopicPartition
 
 from stage.buffer import ADDED, CONFLICT, Position
 from stage.decode import (
+    DECODED_OVERHEAD_BYTES,
     DecodeError,
     MisroutedError,
     check_routing,
@@ -36,10 +39,13 @@ from stage.wire import SchemaNotCached, WireError
 
 logger = logging.getLogger("stage.runtime.loop")
 
+# What a spilled staged call still holds in memory: its decoded small fields.
+SPILLED_ITEM_BYTES = DECODED_OVERHEAD_BYTES
+
 
 class Intake:
     def __init__(self, *, topics, codecs, limits, keep_routes, partition_count, partitions, pauses,
-                 resolver, clients, stats, rewind) -> None:
+                 resolver, clients, stats, rewind, room=None) -> None:
         self.topics = topics                    # TopicNames
         self.codecs = codecs
         self.limits = limits
@@ -53,10 +59,13 @@ class Intake:
         self.clients = clients
         self.stats = stats
         self.rewind = rewind
+        self.room = room or (lambda: 1 << 62)   # () -> bytes left under the memory cap
         self.blocked: set[tuple[str, int]] = set()   # put back during this consume batch
+        self._room = 1 << 62                  # room left as of this batch's start, less what it admitted
 
     def batch(self, messages, now_ms: int) -> None:
         self.blocked.clear()
+        self._room = self.room()
         for msg in messages:
             self.record(msg, now_ms)
 
@@ -108,6 +117,12 @@ class Intake:
             return
         self.stats.inc("records_consumed", topic=topic)
         outcome = buffer.add_receipt(item, now_ms) if receipts else buffer.add_staged(item, now_ms)
+        if outcome == ADDED:
+            # Over the cap the input cannot always be paused (stage.runtime.backpressure): a
+            # staged call that would pass it goes to disk, its small fields stay.
+            if not receipts and self._room < item.nbytes and buffer.spill_staged(item, value, SPILLED_ITEM_BYTES):
+                self.stats.inc("records_spilled")
+            self._room -= item.nbytes
         if outcome == CONFLICT:  # well-formed but contradicts its group: keep it, visibly
             self._reject(msg, state, position, DecodeError(buffer.last_conflict), CONFLICT_CLASS,
                          buffered=False)

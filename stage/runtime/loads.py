@@ -2,8 +2,8 @@
 loads on a loader thread; once loaded it gets a fresh buffer that knows the groups already
 published ahead of the committed offsets, and its dead-letter watermarks.
 
-Touches, of the partition: ``epoch``, ``load``, ``buffer``, ``dead_letter_marks`` and its
-LOADING pause. Uses: the loader pool, the ledger codec, the start offsets (forgotten at each
+Touches, of the partition: ``epoch``, ``load``, ``buffer`` (with its spill store under this
+replica's spill directory), ``dead_letter_marks`` and its LOADING pause. Uses: the loader pool, the ledger codec, the start offsets (forgotten at each
 load: the fetch restarts from the committed offset), the stop event.
 """
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 
 from stage.buffer import PartitionBuffer
+from stage.buffer.spill import SpillStore
 from stage.runtime.ledger import LoadCancelled, load_ledger
 from stage.runtime.pauses import LOADING
 
@@ -21,8 +22,10 @@ _RETRY_S = 2.0
 
 
 class LedgerLoads:
-    def __init__(self, cfg, *, pool, ledger_codec, partitions, pauses, clients, stop) -> None:
+    def __init__(self, cfg, *, pool, ledger_codec, partitions, pauses, clients, stop,
+                 spill_root=None) -> None:
         self.cfg = cfg
+        self.spill_root = spill_root     # Path of this replica's spill directory, or None
         self.pool = pool
         self.ledger_codec = ledger_codec
         self.partitions = partitions
@@ -39,7 +42,7 @@ class LedgerLoads:
         state = self.partitions.get(partition) or self.partitions.add(partition)
         self.pauses.adopt(partition, state.paused_for)
         state.epoch = epoch = self.partitions.next_epoch()
-        state.buffer = None
+        state.release_buffer()
         self.pauses.hold(partition, LOADING)
         if self.clients.start_offsets is not None:
             for topic in (self.cfg.topics.receipts, self.cfg.topics.staged_calls):
@@ -75,10 +78,14 @@ class LedgerLoads:
 
     def _loaded(self, state, ledger) -> None:
         topics = self.cfg.topics
+        spill = None
+        if self.spill_root is not None:
+            spill = SpillStore(self.spill_root / f"partition-{state.number}-epoch-{state.epoch}",
+                               max_bytes=self.cfg.max_spill_bytes)
         buffer = PartitionBuffer(state.number, receipts_topic=topics.receipts,
                                  staged_topic=topics.staged_calls,
                                  group_timeout_ms=self.cfg.group_timeout_ms,
-                                 late_retention_ms=self.cfg.late_retention_ms)
+                                 late_retention_ms=self.cfg.late_retention_ms, spill=spill)
         for group_id, entry in ledger.groups.items():
             buffer.load_published(group_id, {topics.receipts: entry["max_receipt_offset"],
                                              topics.staged_calls: entry["max_staged_offset"]},

@@ -23,9 +23,13 @@ flight), backpressure, and the topology watch; assignment handles rebalances and
 from __future__ import annotations
 
 import logging
+import re
+import shutil
 import signal
+import tempfile
 import threading
 import time
+from pathlib import Path
 from concurrent.futures import ThreadPoolExecutor
 
 from confluent_kafka import Consumer, KafkaException, Producer
@@ -99,6 +103,7 @@ class StageRuntime:
         self.loader_pool = ThreadPoolExecutor(8, thread_name_prefix="ledger")
         self._topology = None
         self.health = None
+        self.spill_root = spill_root(cfg)
         self._build_steps()
 
     def _build_steps(self) -> None:
@@ -106,12 +111,13 @@ class StageRuntime:
         rewind = lambda: self.assignment.rewind()  # noqa: E731 - the assignment is made below
         self.loads = LedgerLoads(cfg, pool=self.loader_pool, ledger_codec=self.codecs["LedgerEntry"],
                                  partitions=parts, pauses=self.pauses, clients=self.clients,
-                                 stop=self._stop)
+                                 stop=self._stop, spill_root=self.spill_root)
         self.intake = Intake(topics=cfg.topics, codecs=self.codecs, limits=self.limits,
                              keep_routes=cfg.finalize.direct_routes,
                              partition_count=lambda: self.partition_count, partitions=parts,
                              pauses=self.pauses, resolver=self.resolver, clients=self.clients,
-                             stats=stats, rewind=rewind)
+                             stats=stats, rewind=rewind,
+                             room=lambda: cfg.max_buffered_bytes - self.holdings().total)
         self.deadlines = Deadlines(topics=self.topics, hold_max_ms=cfg.deadline_hold_max_ms,
                                    partitions=parts, pauses=self.pauses, clients=self.clients,
                                    stats=stats)
@@ -140,7 +146,8 @@ class StageRuntime:
         return Holdings(buffered=sum(s.buffered_bytes for s in self.partitions),
                         finalizing=self.finalization.working_bytes,
                         outputs=sum(s.output_bytes for s in self.partitions),
-                        publishing=self.publication.publishing_bytes)
+                        publishing=self.publication.publishing_bytes,
+                        spilled=sum(s.spilled_bytes for s in self.partitions))
 
     def _declare_fatal(self, fatal: exits.StageExit) -> None:
         self._fatal = fatal
@@ -161,6 +168,8 @@ class StageRuntime:
                     cfg.bootstrap_servers, cfg.group_id, cfg.processing, cfg.framing,
                     cfg.finalize.device, _routes_mode(cfg))
         self._serve_health()    # first: a port in use is a configuration error, said at once
+        if self.spill_root is not None:   # what a previous run of this replica left
+            shutil.rmtree(self.spill_root, ignore_errors=True)
         try:
             self._start_clients()
         except BaseException:
@@ -262,6 +271,8 @@ class StageRuntime:
             if not stuck:
                 self.clients.publisher.close()
             self.clients.consumer = None
+            for state in self.partitions:
+                state.release_buffer()
             if self.health is not None:
                 self.health.stop()
                 self.health = None
@@ -366,6 +377,14 @@ class StageRuntime:
     @property
     def ready(self) -> bool:
         return self.readiness()[0]
+
+
+def spill_root(cfg: StageConfig) -> Path | None:
+    """This replica's spill directory (stage.buffer.spill), None when spilling is off."""
+    if cfg.max_spill_bytes <= 0:
+        return None
+    name = re.sub(r"[^A-Za-z0-9._-]", "_", cfg.effective_transactional_id)
+    return Path(cfg.spill_dir or tempfile.gettempdir()) / f"rollout-reassembler-spill-{name}"
 
 
 def _routes_mode(cfg: StageConfig) -> str:

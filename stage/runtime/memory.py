@@ -6,7 +6,9 @@ rows being encoded), its partition's ``done`` queue (its encoded outputs), and t
 in flight (the batch's records, and librdkafka's copy of them in the producer queue until the
 transaction completes). Back-pressure pauses the input on the sum; the finalize step starts a
 group only when the sum leaves room for its working set (or nothing else is in progress, so
-that one group larger than the cap still moves).
+that one group larger than the cap still moves). When the input cannot be paused (every buffered
+group waits for records not read yet), staged records admitted while the sum is at the cap are
+spilled to local disk (stage.buffer.spill) and read back when their group is finalized.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ class Holdings:
     finalizing: int = 0      # estimated working set of groups in the finalize pool
     outputs: int = 0         # encoded outputs waiting for a transaction
     publishing: int = 0      # the transaction in flight, with the producer's copy
+    spilled: int = 0         # staged records on local disk (not memory: not in the total)
 
     @property
     def total(self) -> int:
@@ -37,3 +40,9 @@ class Holdings:
 
 def working_set(group_bytes: int, routes_mode: str) -> int:
     return int(group_bytes * WORKING_SET.get(routes_mode, 1.0))
+
+
+def group_working_set(group, routes_mode: str) -> int:
+    """What finalizing ``group`` adds: its working set, plus its spilled records, read back."""
+    return working_set(group.nbytes, routes_mode) + int(getattr(group, "spilled_bytes", 0) * (
+        1 + WORKING_SET.get(routes_mode, 1.0)))

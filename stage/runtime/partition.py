@@ -65,6 +65,16 @@ class PartitionState:
         """Encoded output bytes of its finalized groups waiting for a transaction."""
         return sum(output_bytes(out) for _seq, out in self.done)
 
+    @property
+    def spilled_bytes(self) -> int:
+        return self.buffer.spilled_bytes if self.buffer is not None else 0
+
+    def release_buffer(self) -> None:
+        """Its buffer leaves (the partition is dropped or reloaded): delete what it spilled."""
+        if self.buffer is not None:
+            self.buffer.close()
+        self.buffer = None
+
     def clear_queues(self) -> None:
         self.waiting.clear()
         self.done.clear()
@@ -93,6 +103,8 @@ class Partitions:
 
     def drop(self, numbers) -> list[PartitionState]:
         dropped = [self._states.pop(p) for p in sorted(numbers) if p in self._states]
+        for state in dropped:
+            state.release_buffer()
         for forget in self._forgetters:
             forget(set(numbers))
         return dropped

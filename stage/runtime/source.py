@@ -7,23 +7,31 @@ unless that pass already produced its row, so errors are those of converting one
 from __future__ import annotations
 
 from stage.buffer import StagedItem
-from stage.decode import InputLimits, staged_row
+from stage.decode import InputLimits, release_routes, staged_row
 from stage.decode.staged_batch import staged_rows
 from stage.finalize import FetchedStagedCall, StagedMedia, StagedRow
 from stage.finalize.source import fetched_from_rows
 
 
 class BufferTokenSource:
-    """Rows are converted (and validated, digests included) on first fetch, off the poll thread."""
+    """Rows are converted (and validated, digests included) on first fetch, off the poll thread.
+    A record the buffer spilled to disk (stage.buffer.spill) is read back and decoded by
+    ``load`` first, as the intake decoded it."""
 
     validates_snapshots = True
 
     def __init__(self, staged: dict[str, StagedItem], *, partition_name: str,
-                 limits: InputLimits = InputLimits()) -> None:
+                 limits: InputLimits = InputLimits(), load=None) -> None:
         self.staged = staged
         self.partition_name = partition_name
         self.limits = limits
+        self.load = load             # (SpilledRecord) -> the decoded record dict
         self._rows: dict[str, StagedRow] = {}
+
+    def _payload(self, item: StagedItem):
+        if item.spilled and self.load is not None:
+            return self.load(item.payload)
+        return item.payload
 
     def _row(self, key: str) -> StagedRow | None:
         if key in self._rows:
@@ -31,7 +39,7 @@ class BufferTokenSource:
         item = self.staged.get(key)
         if item is None:
             return None
-        row = staged_row(item.payload, self.limits)  # ValueError -> invalid_staging_row
+        row = staged_row(self._payload(item), self.limits)  # ValueError -> invalid_staging_row
         self._rows[key] = row
         return row
 
@@ -39,7 +47,7 @@ class BufferTokenSource:
         todo = [k for k in keys if k not in self._rows and k in self.staged]
         if len(todo) < 2:
             return
-        for key, row in zip(todo, staged_rows([self.staged[k].payload for k in todo], self.limits)):
+        for key, row in zip(todo, staged_rows([self._payload(self.staged[k]) for k in todo], self.limits)):
             if row is not None:
                 self._rows[key] = row
 
@@ -63,3 +71,14 @@ class BufferTokenSource:
                 raise KeyError(f"staged media missing for {key}")
             out.append(row.media)
         return out
+
+
+def spilled_loader(codec, *, keep_routes: bool, limits: InputLimits = InputLimits()):
+    """Read a spilled record back and decode it as the intake did (route payloads released
+    where the stage never reads them)."""
+    def load(ref):
+        record = codec.decode(ref.read())
+        if not keep_routes:
+            release_routes(record, limits)
+        return record
+    return load

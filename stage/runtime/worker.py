@@ -29,7 +29,7 @@ from stage.publish.records import (
     summary_record,
 )
 from stage.routes import RouteDimsCache
-from stage.runtime.source import BufferTokenSource
+from stage.runtime.source import BufferTokenSource, spilled_loader
 from stage.wire import WireError
 
 logger = logging.getLogger(__name__)
@@ -111,7 +111,9 @@ def _finalize_into(out: Outputs, group: GroupState, why: str, *, config, dims_ca
     receipts = [group.receipts.get(i) for i in range(n)]
     fields = group.fields   # group-level: the first receipt's (the buffer refused contradictions)
     rollout_ids = [r.rollout_id if r else f"{group.group_id}_g{i}" for i, r in enumerate(receipts)]
-    source = BufferTokenSource(group.staged, partition_name=topics.staged_calls, limits=limits)
+    source = BufferTokenSource(group.staged, partition_name=topics.staged_calls, limits=limits,
+                               load=spilled_loader(codecs["StagedCall"], keep_routes=config.direct_routes,
+                                                   limits=limits))
     finalizer = GroupFinalizer(source, config, dims_cache)
 
     def finalize(rejected):
