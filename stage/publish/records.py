@@ -32,19 +32,25 @@ class GroupContext:
     staged_positions: dict            # staging_key -> Position of its StagedCall record
 
 
-def row_record(row: CanonicalRow) -> dict:
+def row_record(row: CanonicalRow, *, views: bool = False) -> dict:
+    """The CanonicalRow record of ``row``. ``views``: its tensors' ``data`` are byte views of
+    the row's arrays, not copies (encode_row, which encodes the record at once: AvroCodec.encode
+    splices large views in, so a direct-mode row's routes are copied once, not four times)."""
+    def packed(value):
+        return pack_tensor(value, copy=not views)
+
     def optional(value):
-        return None if value is None else pack_tensor(value)
+        return None if value is None else packed(value)
 
     media = row.media or {}
     return {
         "group_id": row.group_id, "sample_id": row.sample_id, "row_index": row.row_index,
         "group_size": row.group_size, "prompt_idx": row.prompt_idx, "rollout_id": row.rollout_id,
         "weight_version": row.weight_version, "group_max_wv": row.group_max_wv, "valid": row.valid,
-        "rejection_reason": row.rejection_reason, "input_ids": pack_tensor(row.input_ids),
-        "input_lengths": row.input_lengths, "generation_logprobs": pack_tensor(row.generation_logprobs),
-        "token_mask": pack_tensor(row.token_mask), "sample_mask": row.sample_mask,
-        "prompt_ids_for_adv": pack_tensor(row.prompt_ids_for_adv), "total_reward": row.total_reward,
+        "rejection_reason": row.rejection_reason, "input_ids": packed(row.input_ids),
+        "input_lengths": row.input_lengths, "generation_logprobs": packed(row.generation_logprobs),
+        "token_mask": packed(row.token_mask), "sample_mask": row.sample_mask,
+        "prompt_ids_for_adv": packed(row.prompt_ids_for_adv), "total_reward": row.total_reward,
         "mask_sample": row.mask_sample, "truncated": row.truncated,
         "routed_experts": optional(row.routed_experts),
         "generation_topk_ids": optional(row.generation_topk_ids),
@@ -82,7 +88,7 @@ def encode_row(row: CanonicalRow, codec) -> list[bytes]:
     ``codec.max_record_bytes``: as few parts as fit, each tensor field sliced evenly along
     dimension 0. Raises RowTooLarge when even that cannot fit (MAX_ROW_PARTS, or a cap below
     the row's fixed fields); other WireErrors propagate."""
-    record = row_record(row)
+    record = row_record(row, views=True)
     cap = codec.max_record_bytes
     tensors = {name: record[name] for name in ROW_TENSOR_FIELDS if record[name] is not None}
     payload = sum(len(t["data"]) for t in tensors.values())

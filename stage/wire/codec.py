@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -114,7 +115,31 @@ class AvroCodec:
     # -- encode ---------------------------------------------------------------------------
 
     def encode(self, record: Mapping[str, Any]) -> bytes:
-        """Validated Avro bytes of ``record`` (fields with a default may be left out)."""
+        """Validated Avro bytes of ``record`` (fields with a default may be left out).
+
+        A tensor's ``data`` (bytes or any C-contiguous buffer, e.g. a numpy array's memoryview)
+        of at least SPLICE_BYTES is not copied through fastavro's write buffer: the record is
+        encoded with a unique 16-byte marker in its place and the payload spliced in where the
+        marker stands, so a large row is copied once (into the result) instead of three times.
+        Avro bytes are a length and the raw bytes, so the result is the same bytes."""
+        for _attempt in range(3):
+            shadow, payloads = _shadow(record)
+            encoded = self._write(shadow)
+            try:
+                data = _splice(encoded, payloads) if payloads else encoded
+                break
+            except _SpliceCollision:
+                continue
+        else:   # three draws of 128 random bits each matched other bytes: not by chance
+            raise WireError(f"{self.schema_name}: tensor payload markers collide")
+        if len(data) > self.max_record_bytes:
+            raise WireError(
+                f"{self.schema_name} record is {len(data)} bytes, over max_record_bytes="
+                f"{self.max_record_bytes}: raise the limit together with the topic's "
+                "max.message.bytes and the client limits, or make the record smaller")
+        return data
+
+    def _write(self, record: Mapping[str, Any]) -> bytes:
         if not validate(record, self.schema, raise_errors=False):
             raise self._record_error(record, None)
         out = io.BytesIO()
@@ -126,13 +151,7 @@ class AvroCodec:
             schemaless_writer(out, self.schema, record, strict_allow_default=True)
         except Exception as e:  # fastavro's writer raises ValueError/TypeError/...
             raise self._record_error(record, e) from None
-        data = out.getvalue()
-        if len(data) > self.max_record_bytes:
-            raise WireError(
-                f"{self.schema_name} record is {len(data)} bytes, over max_record_bytes="
-                f"{self.max_record_bytes}: raise the limit together with the topic's "
-                "max.message.bytes and the client limits, or make the record smaller")
-        return data
+        return out.getvalue()
 
     def _record_error(self, record: Any, cause: Exception | None) -> WireError:
         found = find_error(self.schema, record, self.schema_name, self._named)
@@ -283,3 +302,65 @@ def _registry_error(what: str, e: Exception) -> RegistryError:
     retriable = not (status is not None and 400 <= status < 500 and status not in _CLIENT_REFUSALS)
     return RegistryError(f"Schema Registry failed for {what}: {type(e).__name__}: {e}",
                          retriable=retriable, status=status)
+
+
+# -- splicing large tensor payloads ----------------------------------------------------------
+SPLICE_BYTES = 1 << 20
+_MARKER_BYTES = 16
+_MARKER_PREFIX = 2 * _MARKER_BYTES   # the zigzag varint of the marker's length: one byte
+
+
+def _shadow(record: Mapping[str, Any]):
+    """``record`` with every large or non-bytes tensor payload (a top-level PackedTensor's
+    ``data``) replaced by a fresh random marker, and {marker: payload}; ``record`` itself when
+    there is none."""
+    payloads: dict[bytes, memoryview] = {}
+    shadow = None
+    for name, value in record.items():
+        if not (isinstance(value, dict) and "dtype" in value and "data" in value):
+            continue
+        data = value["data"]
+        if isinstance(data, (bytes, bytearray)) and len(data) < SPLICE_BYTES:
+            continue
+        try:
+            view = memoryview(data).cast("B")
+        except TypeError:   # not a C-contiguous buffer: left to validation, which refuses it
+            continue
+        marker = os.urandom(_MARKER_BYTES)
+        payloads[marker] = view
+        if shadow is None:
+            shadow = dict(record)
+        shadow[name] = {**value, "data": marker}
+    return (shadow if shadow is not None else record), payloads
+
+
+def _splice(encoded: bytes, payloads: dict) -> bytes:
+    """Each payload where its marker was encoded, with the marker's length prefix replaced by
+    the payload's. Raises _SpliceCollision unless every marker occurs exactly once."""
+    found = []
+    for marker, payload in payloads.items():
+        at = encoded.find(marker)
+        if at < 1 or encoded.find(marker, at + 1) != -1 or encoded[at - 1] != _MARKER_PREFIX:
+            raise _SpliceCollision()
+        found.append((at, payload))
+    chunks, start = [], 0
+    for at, payload in sorted(found, key=lambda item: item[0]):   # in the schema's field order
+        chunks += [encoded[start:at - 1], _zigzag_long(payload.nbytes), payload]
+        start = at + _MARKER_BYTES
+    chunks.append(encoded[start:])
+    return b"".join(chunks)
+
+
+class _SpliceCollision(RuntimeError):
+    """A marker's 16 random bytes also occur elsewhere in the record: draw new ones."""
+
+
+def _zigzag_long(value: int) -> bytes:
+    """Avro's long encoding: zigzag, then base-128 varint, low group first."""
+    n = (value << 1) ^ (value >> 63)
+    out = bytearray()
+    while n & ~0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)

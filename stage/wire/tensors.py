@@ -36,13 +36,18 @@ MAX_NDIM = 32  # numpy 1.x's limit; the contract's tensors have at most 3 dims
 _INTP_MAX = np.iinfo(np.intp).max
 
 
-def pack_tensor(array: np.ndarray | torch.Tensor, *, field: str | None = None) -> dict:
-    """PackedTensor dict for ``array`` (one copy into little-endian C-order bytes)."""
+def pack_tensor(array: np.ndarray | torch.Tensor, *, field: str | None = None,
+                copy: bool = True) -> dict:
+    """PackedTensor dict for ``array`` (one copy into little-endian C-order bytes).
+    ``copy=False``: ``data`` is a flat byte view of the (C-contiguous, little-endian) array
+    instead, no copy where none is needed; for a record encoded at once (AvroCodec.encode
+    splices a view in), never one that outlives the array's use."""
     if isinstance(array, torch.Tensor):
         t = array.detach().to("cpu").contiguous()
         if t.dtype == torch.bfloat16:  # numpy has no bfloat16: ship the bit patterns
             bits = t.view(torch.int16).numpy().astype("<i2", copy=False)
-            return {"dtype": "bfloat16", "shape": list(t.shape), "data": bits.tobytes()}
+            data = memoryview(np.ascontiguousarray(bits)).cast("B") if not copy else bits.tobytes()
+            return {"dtype": "bfloat16", "shape": list(t.shape), "data": data}
         try:
             array = t.numpy()
         except (TypeError, RuntimeError) as e:
@@ -55,7 +60,11 @@ def pack_tensor(array: np.ndarray | torch.Tensor, *, field: str | None = None) -
         hint = " (bfloat16 must come as a torch tensor)" if "bfloat16" in str(array.dtype) else ""
         raise WireError(f"dtype {array.dtype} is not a wire dtype {sorted(STORAGE_DTYPES)}{hint}",
                         field=field)
-    data = array.astype(STORAGE_DTYPES[name], copy=False).tobytes(order="C")
+    stored = array.astype(STORAGE_DTYPES[name], copy=False)
+    if copy:
+        data = stored.tobytes(order="C")
+    else:
+        data = memoryview(np.ascontiguousarray(stored)).cast("B") if stored.size else b""
     return {"dtype": name, "shape": [int(d) for d in array.shape], "data": data}
 
 

@@ -350,3 +350,40 @@ def test_topic_names():
     with pytest.raises(ValueError, match="frozen"):
         topics.receipts = "x"
     assert value_subject(topics.staged_calls) == "rollouts.staged-calls-value"
+
+
+def test_large_tensor_payloads_are_spliced_into_the_same_bytes_fastavro_writes():
+    """AvroCodec.encode puts payloads >= SPLICE_BYTES (and any non-bytes buffer, such as a
+    numpy array's view) in after fastavro wrote the rest: the result must be fastavro's own
+    encoding of the whole record, byte for byte, whatever the field order and sizes."""
+    import io
+
+    import numpy as np
+    from fastavro import schemaless_writer
+
+    from stage.wire import codec as codec_module
+    from stage.wire import pack_tensor
+
+    codec = AvroCodec("CanonicalRow", max_record_bytes=256 << 20)
+    rng = np.random.default_rng(5)
+    for case in range(6):
+        n = int(rng.integers(1, 4000)) if case else 0
+        routes = rng.integers(-1, 127, (n, 48, 8)).astype(np.int16)
+        record = {
+            "group_id": "g", "sample_id": "g_g0", "row_index": 0, "group_size": 4, "prompt_idx": 1,
+            "rollout_id": "r0", "weight_version": 3, "group_max_wv": 4, "valid": True,
+            "rejection_reason": None, "input_ids": pack_tensor(rng.integers(0, 1 << 40, n), copy=case % 2 == 0),
+            "input_lengths": n, "generation_logprobs": pack_tensor(-rng.random(n).astype(np.float32), copy=False),
+            "token_mask": pack_tensor(np.ones(n, np.float32)), "sample_mask": 1.0,
+            "prompt_ids_for_adv": pack_tensor(np.arange(7)), "total_reward": 0.5, "mask_sample": False,
+            "truncated": False, "routed_experts": pack_tensor(routes, copy=case < 3),
+            "generation_topk_ids": None, "generation_topk_logprobs": None, "pixel_values": None,
+            "imgs_sizes": None, "num_frames": None, "row_part": {"index": 0, "count": 2} if case == 4 else None}
+        plain = {k: ({**v, "data": bytes(v["data"])} if isinstance(v, dict) and "data" in v else v)
+                 for k, v in record.items()}
+        expected = io.BytesIO()
+        schemaless_writer(expected, codec.schema, plain, strict_allow_default=True)
+        encoded = codec.encode(record)
+        assert encoded == expected.getvalue()
+        assert codec.decode(encoded)["routed_experts"]["data"] == routes.tobytes()
+    assert codec_module.SPLICE_BYTES <= 48 * 8 * 2 * 2000   # the larger cases were spliced
