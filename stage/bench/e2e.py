@@ -71,6 +71,9 @@ def _topics(tag: str) -> TopicNames:
     return TopicNames(**{k: f"bench-{tag}.{v}" for k, v in TopicNames().all().items()})
 
 
+POOL: dict = {}   # finalize_pool / finalize_workers of the stage runs (bench e2e --workers)
+
+
 def _config(bootstrap: str, topics: TopicNames, routes: str = "off",
             max_record_bytes: int = 64 << 20) -> StageConfig:
     from stage.finalize import ReassemblyConfig
@@ -79,7 +82,7 @@ def _config(bootstrap: str, topics: TopicNames, routes: str = "off",
     return StageConfig(bootstrap_servers=bootstrap, topics=topics, group_id=f"g-{topics.receipts}",
                        transactional_id=f"tx-{topics.receipts}", group_timeout_ms=60_000,
                        publish_linger_ms=20, poll_timeout_ms=10, metrics_port=0, finalize=finalize,
-                       max_record_bytes=max_record_bytes, consumer={"session.timeout.ms": 6000})
+                       max_record_bytes=max_record_bytes, consumer={"session.timeout.ms": 6000}, **POOL)
 
 
 def profile_inputs(profile: str, groups: int, layers: int | None, *, first: int = 0):
@@ -299,7 +302,8 @@ def _percentile(values: list[float], q: float) -> float:
 def run(*, bootstrap: str | None = None, groups: int | None = None, n: int = 4, calls: int = 3,
         tokens: int = 128, layers: int | None = None, topk: int = 2, partitions: int = 2,
         latency_seconds: float = 10.0, as_json: bool = False, profile: str = "default",
-        routes: str = "off") -> dict:
+        routes: str = "off", pool: str = "thread", workers: int = 1) -> dict:
+    POOL.update(finalize_pool=pool, finalize_workers=workers)
     broker = None
     if bootstrap is None:
         from stage.brokers.kraft import KraftBroker, jars_available
@@ -385,7 +389,8 @@ def _run(bootstrap, groups, n, calls, tokens, layers, topk, partitions, latency_
         print(json.dumps(report, indent=2))
     else:
         w, p, s, lat = report["workload"], report["passthrough"], report["stage"], report["latency"]
-        print(f"e2e on {broker_kind}, {partitions} partitions, router replay {routes}: {line}; "
+        print(f"e2e on {broker_kind}, {partitions} partitions, router replay {routes}, finalize "
+              f"{POOL.get('finalize_workers', 1)} {POOL.get('finalize_pool', 'thread')}(s): {line}; "
               f"{w['input_records']} input records, {w['input_bytes'] / 1e6:.1f} MB; machine load {load_before}")
         print(f"passthrough: {p['records_per_s']:,.0f} records/s ({p['mb_per_s']:.1f} MB/s)")
         print(f"stage:       {s['records_per_s']:,.0f} records/s ({s['mb_per_s']:.1f} MB/s, "

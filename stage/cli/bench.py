@@ -35,6 +35,9 @@ def add_parsers(commands) -> None:
                      help="the stage's router replay (off: routes, if staged, are not read)")
     e2e.add_argument("--latency-seconds", type=positive_float, default=10.0,
                      help="length of the latency phase")
+    e2e.add_argument("--finalize-pool", choices=("thread", "process"), default="thread",
+                     help="the stage's finalize_pool")
+    e2e.add_argument("--finalize-workers", type=at_least(1), default=1, help="the stage's finalize_workers")
 
     finalize = add_parser(which, "finalize", "finalize_group time split (verify, routes, tensorize)")
     finalize.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -97,7 +100,8 @@ def main(args) -> int:
         from stage.bench.e2e import run as run_e2e
         report = run_e2e(bootstrap=args.bootstrap_servers, groups=args.groups, tokens=args.tokens,
                          layers=args.layers, latency_seconds=args.latency_seconds, as_json=args.json,
-                         profile=args.profile, routes=args.routes)
+                         profile=args.profile, routes=args.routes, pool=args.finalize_pool,
+                         workers=args.finalize_workers)
         return 0 if report["meets_targets"] else 1
     if args.bench == "finalize":
         _torch_threads(args.torch_threads)

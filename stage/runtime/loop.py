@@ -197,6 +197,7 @@ class StageRuntime:
         clients.admin, self.partition_count = connect_admin(cfg)
         probe_device(cfg.finalize.device)
         register_output_schemas(self.codecs, OUTPUT_RECORDS, self._stop)
+        self.pool.warm()        # worker processes started before the group is joined
         try:
             clients.publisher = self._new_publisher()
         except StageFatal as error:

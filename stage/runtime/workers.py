@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
 import time
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -36,6 +37,9 @@ class ThreadWorkers:
     def __init__(self, workers: int, task: dict) -> None:
         self.pool = ThreadPoolExecutor(workers, thread_name_prefix="finalize")
         self.task = task     # keyword arguments of finalize_and_encode beyond the group
+
+    def warm(self, timeout_s: float = 0.0) -> None:
+        pass
 
     def submit(self, group, why: str, epoch: int) -> Future:
         return self.pool.submit(finalize_and_encode, group, why, epoch, **self.task)
@@ -63,6 +67,11 @@ def _init_process(cfg, limits) -> None:
     _PROCESS_STATE.update(cfg=cfg, limits=limits, codecs=codecs, dims=RouteDimsCache())
 
 
+def _ready() -> int:
+    time.sleep(0.2)   # held a moment, so that each warm-up call lands on another process
+    return os.getpid()
+
+
 def _now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -86,6 +95,13 @@ class ProcessWorkers:
     def _make(self) -> ProcessPoolExecutor:
         return ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
                                    initializer=_init_process, initargs=(self.cfg, self.limits))
+
+    def warm(self, timeout_s: float = 300.0) -> None:
+        """Start every worker process now (each imports torch and resolves the codecs: seconds),
+        before the stage joins its group, so the first groups do not wait for them."""
+        futures = [self.pool.submit(_ready) for _ in range(self.workers)]
+        for future in futures:
+            future.result(timeout_s)
 
     def submit(self, group, why: str, epoch: int) -> Future:
         try:
