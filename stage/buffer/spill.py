@@ -14,10 +14,13 @@ buffered record lives in it any more, and the whole directory when the partition
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+
+logger = logging.getLogger(__name__)
 
 SEGMENT_BYTES = 256 << 20
 
@@ -71,26 +74,36 @@ class SpillStore:
         self.max_bytes = max_bytes
         self.segment_bytes = segment_bytes
         self.live_bytes = 0
+        self.failed: str | None = None     # why the disk refused a write, once it did
         self._segments: dict[str, _Segment] = {}
         self._active: _Segment | None = None
         self._count = 0
 
     def put(self, value: bytes) -> SpilledRecord | None:
-        """Append ``value``; None when the store is full (the record stays in memory)."""
-        if self.live_bytes + len(value) > self.max_bytes:
+        """Append ``value``; None when the store is full or its disk refuses (the record then
+        stays in memory: spilling is an economy, never a reason to stop)."""
+        if self.failed is not None or self.live_bytes + len(value) > self.max_bytes:
             return None
         segment = self._active
-        if segment is None:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            self._count += 1
-            segment = _Segment(self.directory / f"segment-{self._count:06d}")
-            self._segments[str(segment.path)] = segment
-            self._active = segment
-        offset = segment.size
-        view = memoryview(value)
-        while view:
-            written = os.write(segment.fd, view)
-            view = view[written:]
+        try:
+            if segment is None:
+                self.directory.mkdir(parents=True, exist_ok=True)
+                self._count += 1
+                segment = _Segment(self.directory / f"segment-{self._count:06d}")
+                self._segments[str(segment.path)] = segment
+                self._active = segment
+            offset = segment.size
+            view = memoryview(value)
+            while view:
+                written = os.write(segment.fd, view)
+                view = view[written:]
+        except OSError as error:   # no space, a read-only or missing directory: stop spilling
+            self.failed = f"{type(error).__name__}: {error}"
+            logger.warning("spilling to %s failed (%s); records stay in memory from now on",
+                           self.directory, self.failed)
+            if segment is not None and segment.live == 0:
+                self._discard(segment)
+            return None
         segment.size += len(value)
         segment.live += 1
         self.live_bytes += len(value)
@@ -107,14 +120,17 @@ class SpillStore:
         segment.live -= 1
         self.live_bytes -= ref.length
         if segment.live <= 0:     # nothing in it is buffered: its bytes are dead, the file goes
-            if segment is self._active:
-                self._active = None
-            segment.close()
-            del self._segments[ref.path]
-            try:
-                os.unlink(segment.path)
-            except FileNotFoundError:
-                pass
+            self._discard(segment)
+
+    def _discard(self, segment: _Segment) -> None:
+        if segment is self._active:
+            self._active = None
+        segment.close()
+        self._segments.pop(str(segment.path), None)
+        try:
+            os.unlink(segment.path)
+        except OSError:
+            pass
 
     @property
     def segments(self) -> int:

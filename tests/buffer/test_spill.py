@@ -44,3 +44,11 @@ def test_a_spilled_staged_call_frees_its_memory_and_comes_back_when_its_group_le
     assert not buffer.spill_staged(item, b"again", keep=200)    # once only
     buffer.take_ready(10_000, None)                              # the deadline: the orphan expires
     assert buffer.spilled_bytes == 0 and store.live_bytes == 0 and store.segments == 0
+
+
+def test_a_disk_that_refuses_leaves_the_records_in_memory(tmp_path):
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("a file where the spill directory should go")
+    store = SpillStore(blocker / "p0", max_bytes=1 << 20)
+    assert store.put(b"x" * 100) is None and "Error" in store.failed
+    assert store.put(b"y" * 100) is None and store.live_bytes == 0   # it does not try again

@@ -214,6 +214,16 @@ def test_pod_disruption_budget_and_security_context():
         render({"podDisruptionBudget": {"enabled": False}}), "PodDisruptionBudget")
 
 
+def test_spilled_records_get_their_own_volume_and_the_stage_uses_at_most_90_percent_of_it():
+    docs = render({"spill": {"sizeLimitGi": 20}})
+    cfg = load_stage_config(stage_yaml(docs), {k: v for k, v in pod_env(docs).items() if k != "POD_NAME"})
+    pod = one(docs, "StatefulSet")["spec"]["template"]["spec"]
+    mounts = {m["mountPath"]: m["name"] for m in container(docs)["volumeMounts"]}
+    volume = {v["name"]: v for v in pod["volumes"]}[mounts[cfg.spill_dir]]
+    assert volume["emptyDir"]["sizeLimit"] == "20Gi"
+    assert cfg.max_spill_bytes == int(20 * (1 << 30) * 0.9)
+
+
 def test_termination_grace_is_revoke_budget_plus_transaction_timeout():
     extra = values_yaml()["terminationGraceExtraSeconds"]
     cfg = values_yaml()["config"]
