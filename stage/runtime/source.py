@@ -75,8 +75,11 @@ class BufferTokenSource:
 
 def spilled_loader(codec, *, keep_routes: bool, limits: InputLimits = InputLimits()):
     """Read a spilled record back and decode it as the intake did (route payloads released
-    where the stage never reads them)."""
+    where the stage never reads them). ``codec``: the StagedCall codec (None where nothing
+    was spilled, e.g. a group finalized outside the runtime)."""
     def load(ref):
+        if codec is None:
+            raise ValueError("a spilled staged record, and no StagedCall codec to read it")
         record = codec.decode(ref.read())
         if not keep_routes:
             release_routes(record, limits)

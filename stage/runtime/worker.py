@@ -112,7 +112,7 @@ def _finalize_into(out: Outputs, group: GroupState, why: str, *, config, dims_ca
     fields = group.fields   # group-level: the first receipt's (the buffer refused contradictions)
     rollout_ids = [r.rollout_id if r else f"{group.group_id}_g{i}" for i, r in enumerate(receipts)]
     source = BufferTokenSource(group.staged, partition_name=topics.staged_calls, limits=limits,
-                               load=spilled_loader(codecs["StagedCall"], keep_routes=config.direct_routes,
+                               load=spilled_loader(codecs.get("StagedCall"), keep_routes=config.direct_routes,
                                                    limits=limits))
     finalizer = GroupFinalizer(source, config, dims_cache)
 

@@ -36,6 +36,13 @@ MAX_NDIM = 32  # numpy 1.x's limit; the contract's tensors have at most 3 dims
 _INTP_MAX = np.iinfo(np.intp).max
 
 
+def _byte_view(array: np.ndarray):
+    """The array's bytes in C order as a flat view (a copy only if it is not C-contiguous)."""
+    if array.size == 0:
+        return b""
+    return memoryview(np.ascontiguousarray(array).reshape(-1)).cast("B")
+
+
 def pack_tensor(array: np.ndarray | torch.Tensor, *, field: str | None = None,
                 copy: bool = True) -> dict:
     """PackedTensor dict for ``array`` (one copy into little-endian C-order bytes).
@@ -46,7 +53,7 @@ def pack_tensor(array: np.ndarray | torch.Tensor, *, field: str | None = None,
         t = array.detach().to("cpu").contiguous()
         if t.dtype == torch.bfloat16:  # numpy has no bfloat16: ship the bit patterns
             bits = t.view(torch.int16).numpy().astype("<i2", copy=False)
-            data = memoryview(np.ascontiguousarray(bits)).cast("B") if not copy else bits.tobytes()
+            data = bits.tobytes() if copy else _byte_view(bits)
             return {"dtype": "bfloat16", "shape": list(t.shape), "data": data}
         try:
             array = t.numpy()
@@ -61,10 +68,7 @@ def pack_tensor(array: np.ndarray | torch.Tensor, *, field: str | None = None,
         raise WireError(f"dtype {array.dtype} is not a wire dtype {sorted(STORAGE_DTYPES)}{hint}",
                         field=field)
     stored = array.astype(STORAGE_DTYPES[name], copy=False)
-    if copy:
-        data = stored.tobytes(order="C")
-    else:
-        data = memoryview(np.ascontiguousarray(stored)).cast("B") if stored.size else b""
+    data = stored.tobytes(order="C") if copy else _byte_view(stored)
     return {"dtype": name, "shape": [int(d) for d in array.shape], "data": data}
 
 

@@ -131,3 +131,19 @@ def test_unpack_torch_to_cuda():
     assert torch.equal(out.cpu(), src)
     routes = np.full((5, 48, 8), -1, np.int16)
     assert torch.equal(unpack_torch(pack_tensor(routes), device="cuda").cpu(), torch.from_numpy(routes))
+
+
+def test_a_packed_view_holds_the_same_bytes_as_a_packed_copy():
+    """pack_tensor(copy=False) (rows encoded at once) must say what pack_tensor says: empty,
+    0-d, non-contiguous, big-endian and bfloat16 arrays included."""
+    import numpy as np
+    import torch
+
+    from stage.wire import pack_tensor
+    cases = [np.zeros((0, 4), np.float32), np.array(3.0, np.float32), np.arange(12, dtype=np.int16).reshape(3, 4)[:, ::2],
+             np.arange(5, dtype=">i8"), torch.zeros((0, 3), dtype=torch.bfloat16),
+             torch.arange(6, dtype=torch.float32).reshape(2, 3).to(torch.bfloat16).t()]
+    for array in cases:
+        view, copy = pack_tensor(array, copy=False), pack_tensor(array)
+        assert bytes(view["data"]) == copy["data"] and view["shape"] == copy["shape"]
+        assert view["dtype"] == copy["dtype"]
