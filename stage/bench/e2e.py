@@ -304,20 +304,10 @@ def run(*, bootstrap: str | None = None, groups: int | None = None, n: int = 4, 
         latency_seconds: float = 10.0, as_json: bool = False, profile: str = "default",
         routes: str = "off", pool: str = "thread", workers: int = 1) -> dict:
     POOL.update(finalize_pool=pool, finalize_workers=workers)
-    broker = None
-    if bootstrap is None:
-        from stage.brokers.kraft import KraftBroker, jars_available
-        if not jars_available():
-            raise RuntimeError("no --bootstrap-servers and no local Kafka jars (make kafka-jars)")
-        broker = KraftBroker().start()
-        bootstrap = broker.bootstrap
-    try:
-        return _run(bootstrap, groups, n, calls, tokens, layers, topk, partitions, latency_seconds,
-                    as_json, broker_kind="local KRaft (Apache Kafka jars)" if broker else bootstrap,
-                    profile=profile, routes=routes)
-    finally:
-        if broker is not None:
-            broker.stop()
+    from stage.bench.broker import bench_broker
+    with bench_broker(bootstrap) as (servers, kind):
+        return _run(servers, groups, n, calls, tokens, layers, topk, partitions, latency_seconds,
+                    as_json, broker_kind=kind, profile=profile, routes=routes)
 
 
 def _run(bootstrap, groups, n, calls, tokens, layers, topk, partitions, latency_seconds, as_json,

@@ -89,19 +89,13 @@ def _summaries(bootstrap: str, topic: str, want: int, timeout_s: float) -> int:
 def run(*, bootstrap: str | None = None, profile: str = "agentic-moe", groups: int = 4,
         routes: str = "deferred", cap: int = 512 << 20, open_mode: str = "all",
         group_size: int | None = None, as_json: bool = False) -> int:
-    broker = None
-    if bootstrap is None:
-        from stage.brokers.kraft import KraftBroker, jars_available
-        if not jars_available():
-            print("bench memory: no broker (pass --bootstrap-servers, or `make kafka-jars`)")
-            return 1
-        broker = KraftBroker(heap="1g").start()
-        bootstrap = broker.bootstrap
+    from stage.bench.broker import bench_broker
     try:
-        return _run(bootstrap, profile, groups, routes, cap, open_mode, group_size, as_json)
-    finally:
-        if broker is not None:
-            broker.stop()
+        with bench_broker(bootstrap, heap="1g") as (servers, _kind):
+            return _run(servers, profile, groups, routes, cap, open_mode, group_size, as_json)
+    except RuntimeError as error:
+        print(f"bench memory: {error}")
+        return 1
 
 
 def _run(bootstrap, profile, groups, routes, cap, open_mode, group_size, as_json) -> int:

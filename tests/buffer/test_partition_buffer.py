@@ -278,19 +278,12 @@ def test_staged_copies_are_compared_through_their_decode_fingerprint():
     """What the decoder keeps (stage.decode.staged_fingerprint): every field but the digested
     tensor columns, so the comparison does not need the payload the buffer holds."""
     import numpy as np
-    from stage.client import staged_call_from_record
-    from stage.contract.producer import RolloutBuilder
-    from stage.decode import staged_item
-    from stage.wire import AvroCodec, pack_tensor
+    from stage.wire import pack_tensor
 
-    codec = AvroCodec("StagedCall")
-    call = RolloutBuilder("r0").stage("c1", parent_call_id=None, prompt_delta=[1, 2], generated=[3],
-                                     generated_logprobs=[-0.5], weight_version=1).record
-    value = staged_call_from_record("g", call)
+    value, decoded = _one_staged_call()
 
     def item(record, offset):
-        data = codec.encode(record)
-        out = staged_item(codec.decode(data), Position(S, 0, offset, 0), len(data))
+        out = decoded(record, offset)
         out.payload = None                       # the buffer need not hold the payload to compare
         return out
 
@@ -309,19 +302,9 @@ def test_a_staged_copy_with_other_tokens_under_the_same_digest_is_a_conflict():
     """The fingerprint leaves the digested columns out; the tensors themselves are compared when
     both copies hold them (by value: another wire dtype of the same tokens is a duplicate)."""
     import numpy as np
-    from stage.client import staged_call_from_record
-    from stage.contract.producer import RolloutBuilder
-    from stage.decode import staged_item
-    from stage.wire import AvroCodec, pack_tensor
+    from stage.wire import pack_tensor
 
-    codec = AvroCodec("StagedCall")
-    call = RolloutBuilder("r0").stage("c1", parent_call_id=None, prompt_delta=[1, 2], generated=[3],
-                                     generated_logprobs=[-0.5], weight_version=1).record
-    value = staged_call_from_record("g", call)
-
-    def item(record, offset):
-        data = codec.encode(record)
-        return staged_item(codec.decode(data), Position(S, 0, offset, 0), len(data))
+    value, item = _one_staged_call()
 
     b = buffer()
     assert b.add_staged(item(value, 0), 0) == ADDED
@@ -330,3 +313,22 @@ def test_a_staged_copy_with_other_tokens_under_the_same_digest_is_a_conflict():
     tampered = dict(value, token_ids_delta=pack_tensor(np.array([1, 2, 4], dtype=np.uint32)))
     assert b.add_staged(item(tampered, 2), 0) == CONFLICT
     assert "token_ids_delta differs (same digest" in b.last_conflict
+
+
+def _one_staged_call():
+    """A StagedCall value the SDK would send, and item(record, offset): it decoded by the
+    intake's decoder (stage.decode.staged_item) at that offset."""
+    from stage.client import staged_call_from_record
+    from stage.contract.producer import RolloutBuilder
+    from stage.decode import staged_item
+    from stage.wire import AvroCodec
+
+    codec = AvroCodec("StagedCall")
+    call = RolloutBuilder("r0").stage("c1", parent_call_id=None, prompt_delta=[1, 2], generated=[3],
+                                     generated_logprobs=[-0.5], weight_version=1).record
+
+    def item(record, offset):
+        data = codec.encode(record)
+        return staged_item(codec.decode(data), Position(S, 0, offset, 0), len(data))
+
+    return staged_call_from_record("g", call), item

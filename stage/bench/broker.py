@@ -1,0 +1,22 @@
+"""The broker a benchmark runs against: the one given, else a local KRaft broker from the Kafka
+jars (`make kafka-jars`), stopped afterwards."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+
+@contextmanager
+def bench_broker(bootstrap: str | None, **kraft_options):
+    """Yields (bootstrap servers, a description for the report)."""
+    if bootstrap is not None:
+        yield bootstrap, bootstrap
+        return
+    from stage.brokers.kraft import KraftBroker, jars_available
+    if not jars_available():
+        raise RuntimeError("no --bootstrap-servers and no local Kafka jars (make kafka-jars)")
+    broker = KraftBroker(**kraft_options).start()
+    try:
+        yield broker.bootstrap, "local KRaft (Apache Kafka jars)"
+    finally:
+        broker.stop()
