@@ -10,7 +10,7 @@ nothing decoded) and base64 + SHA-256 of the route bytes (what the integrity che
 
 from __future__ import annotations
 
-import base64
+import pybase64
 import gc
 import hashlib
 import json
@@ -125,7 +125,7 @@ def run(*, bootstrap: str | None = None, profile: str = "default", as_json: bool
                                    if record[n] is not None]
         route_bytes = sum(len(p) for p in route_payloads)
         raw_s = min(_raw_consume_seconds(bootstrap, topic, len(where)) for _ in range(2))
-        b64_s = P.best_seconds(lambda: [hashlib.sha256(base64.b64encode(p)).digest() for p in route_payloads], 2)
+        b64_s = P.best_seconds(lambda: [hashlib.sha256(pybase64.b64encode(p)).digest() for p in route_payloads], 2)
         del route_payloads
 
         def group():

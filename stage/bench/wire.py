@@ -106,7 +106,7 @@ def sdk_staging(tokens: int = 2048, layers: int = 48, k: int = 8, dtypes=("int8"
     """RolloutStager.prepare of a ``tokens``-token child call with ``layers`` x ``k`` routes (and
     its boundary route): Gym's digests plus the StagedCall value, against base64 + SHA-256 of the
     same route bytes (what the extras digest cannot avoid)."""
-    import base64
+    import pybase64
     import hashlib
     import statistics
     import time
@@ -131,7 +131,7 @@ def sdk_staging(tokens: int = 2048, layers: int = 48, k: int = 8, dtypes=("int8"
             stager.prepare(f"c{i + 1}", parent_call_id=f"c{i}", **kwargs)
             seconds.append(time.perf_counter() - started)
         raw = routes.tobytes()
-        anchor = min(time_per_call(lambda: hashlib.sha256(base64.b64encode(raw)).digest(), min_seconds=0.2)
+        anchor = min(time_per_call(lambda: hashlib.sha256(pybase64.b64encode(raw)).digest(), min_seconds=0.2)
                      ["median_s"] for _ in range(1))
         median = statistics.median(seconds)
         out.append({"case": f"RolloutStager.prepare, {tokens}-token call + {tokens}x{layers}x{k} {dtype} routes",

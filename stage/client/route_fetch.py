@@ -78,8 +78,9 @@ class DeferredRouteFetcher:
     least recently used first out, within ``cache_bytes`` (route bytes plus ~1 KiB an entry;
     0: no cache); a fragment bigger than the budget is used and not kept. ``verified`` counts
     integrity checks run, ``verified_cached`` the ones answered from a fragment's earlier check.
-    ``attach`` runs a group's checks on ``verify_threads`` threads (default: up to 4 cores; 1:
-    inline, in the executor). ``max_record_bytes``: the stage's (as for
+    ``attach`` runs a group's checks, while its records are still being read, and then the
+    rows' assembly on ``verify_threads`` threads (default: up to 4 cores; 1: all inline, in the
+    executor). ``max_record_bytes``: the stage's (as for
     CanonicalReader): the StagedCall decode cap and the fetch limits follow it.
     """
 
@@ -118,8 +119,10 @@ class DeferredRouteFetcher:
         self.verified_cached = 0
 
     # -- fetching ----------------------------------------------------------------------------
-    def fetch(self, coordinates) -> dict[tuple[str, int, int], FetchedFragment | Exception]:
-        """(topic, partition, offset) -> FetchedFragment, or the Exception that explains its absence."""
+    def fetch(self, coordinates, on_fragment=None) -> dict[tuple[str, int, int], FetchedFragment | Exception]:
+        """(topic, partition, offset) -> FetchedFragment, or the Exception that explains its absence.
+        ``on_fragment(coordinates, entry)`` is called for each fragment as soon as it is at hand
+        (a cache hit, or a record just decoded), so its checks can start while the rest is read."""
         wanted = sorted(set(coordinates))
         out = {}
         for c in wanted:
@@ -127,6 +130,8 @@ class DeferredRouteFetcher:
             if hit is not None:
                 self.cache.move_to_end(c)
                 out[c] = hit
+                if on_fragment is not None:
+                    on_fragment(c, hit)
         by_tp: dict[tuple[str, int], list[int]] = {}
         for topic, partition, offset in wanted:
             if (topic, partition, offset) not in out:
@@ -135,10 +140,10 @@ class DeferredRouteFetcher:
             run = [offsets[0]]
             for offset in offsets[1:]:
                 if offset - run[-1] > self.max_gap:
-                    self._remember(self._read_run(topic, partition, run), out)
+                    self._remember(self._read_run(topic, partition, run, on_fragment), out)
                     run = []
                 run.append(offset)
-            self._remember(self._read_run(topic, partition, run), out)
+            self._remember(self._read_run(topic, partition, run, on_fragment), out)
         return out
 
     def _remember(self, fetched: dict, out: dict) -> None:
@@ -169,25 +174,23 @@ class DeferredRouteFetcher:
             seen[key] = passed
         return passed
 
-    def _verify_ahead(self, plans, fetched) -> None:
-        """Run a group's integrity checks on ``verify_threads`` threads before assembling it:
-        SHA-256 releases the GIL, so one fragment is hashed while another is base64-encoded."""
-        checks = {}
+    def _checks_of(self, plans) -> dict[tuple[str, int, int], list[_DigestSpan]]:
+        """Each fragment's distinct (digest version, digest) pairs the plans bind it to."""
+        checks: dict[tuple[str, int, int], dict] = {}
         for plan in plans:
             for span in plan["spans"]:
                 c = span["fragment"]
-                row = None if c is None else fetched.get((c["topic"], c["partition"], c["offset"]))
-                if isinstance(row, FetchedFragment) and row.fragment is not None:
-                    key = (id(row.fragment), span["extras_digest_version"], span["extras_digest"])
-                    checks[key] = (_DigestSpan(span["extras_digest_version"], span["extras_digest"]),
-                                   row.fragment)
-        if len(checks) < 2:
-            return
+                if c is not None:
+                    key = (span["extras_digest_version"], span["extras_digest"])
+                    checks.setdefault((c["topic"], c["partition"], c["offset"]), {})[key] = _DigestSpan(*key)
+        return {coords: list(spans.values()) for coords, spans in checks.items()}
+
+    def _pool_for(self) -> ThreadPoolExecutor:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.verify_threads, thread_name_prefix="route-verify")
-        list(self._pool.map(lambda pair: self._integrity(*pair), checks.values()))
+        return self._pool
 
-    def _read_run(self, topic: str, partition: int, offsets: list[int]) -> dict:
+    def _read_run(self, topic: str, partition: int, offsets: list[int], on_fragment=None) -> dict:
         """Read one partition forward from offsets[0] to offsets[-1] (one assign)."""
         out: dict = {}
         wanted = set(offsets)
@@ -215,9 +218,12 @@ class DeferredRouteFetcher:
                         self.fetched += 1
                         try:
                             key, fragment = staged_route_fragment(self.codec.decode(msg.value()))
-                            out[(topic, partition, offset)] = FetchedFragment(key, fragment)
                         except (WireError, ValueError, KeyError, TypeError) as error:
                             out[(topic, partition, offset)] = error
+                        else:
+                            entry = out[(topic, partition, offset)] = FetchedFragment(key, fragment)
+                            if on_fragment is not None:
+                                on_fragment((topic, partition, offset), entry)
                     if not wanted:
                         break
         finally:
@@ -247,7 +253,8 @@ class DeferredRouteFetcher:
                 continue
             if row.fragment is not None:
                 fragments[key] = row.fragment
-        self.executed += 1
+        with self._lock:
+            self.executed += 1
         try:
             routes, failure = execute_route_plan(route_plan_from_record(plan), fragments,
                                                  dims=self.dims, canonical_len=length,
@@ -255,25 +262,43 @@ class DeferredRouteFetcher:
         except (TypeError, ValueError) as error:  # a malformed plan record
             routes, failure = None, f"invalid_plan: {error}"
         if failure is not None:
-            self.failures[failure.split(":", 1)[0]] += 1
+            with self._lock:
+                self.failures[failure.split(":", 1)[0]] += 1
             return torch.full((length, *self.dims), ROUTE_MISSING_SENTINEL,
                               dtype=ROUTED_EXPERTS_FALLBACK_DTYPE, device=self.device)
         return routes
 
     def attach(self, group: TrainingGroup) -> list[torch.Tensor]:
         """Fetch every row's routes (one batched fetch for the group) and set
-        ``row.routed_experts``, so ``group.tensors()`` includes ``routed_experts``."""
+        ``row.routed_experts``, so ``group.tensors()`` includes ``routed_experts``.
+
+        With ``verify_threads`` > 1 the work overlaps: each fragment's integrity checks start on
+        the pool as soon as its record is decoded (SHA-256 releases the GIL, so hashing runs
+        while the next records are read), and the rows are then assembled on the pool (the
+        copies into each row's fresh tensor, page faults included, release the GIL too)."""
         if group.plans is None:
             raise ValueError("the group has no route plans (read it with route_plans=True)")
         coords = [(s["fragment"]["topic"], s["fragment"]["partition"], s["fragment"]["offset"])
                   for plan in group.plans for s in plan["spans"] if s["fragment"] is not None]
-        fetched = self.fetch(coords)
-        if self.verify_threads > 1:
-            self._verify_ahead(group.plans, fetched)
-        out = []
-        for row, plan in zip(group.rows, group.plans):
-            row.routed_experts = self.routes(plan, canonical_len=row.input_lengths, fetched=fetched)
-            out.append(row.routed_experts)
+        pairs = list(zip(group.rows, group.plans))
+        if self.verify_threads <= 1 or len(coords) < 2:
+            fetched = self.fetch(coords)
+            out = [self.routes(plan, canonical_len=row.input_lengths, fetched=fetched) for row, plan in pairs]
+        else:
+            pool, checks, pending = self._pool_for(), self._checks_of(group.plans), []
+
+            def start_checks(c, entry) -> None:
+                if isinstance(entry, FetchedFragment) and entry.fragment is not None:
+                    pending.extend(pool.submit(self._integrity, span, entry.fragment)
+                                   for span in checks.get(c, ()))
+
+            fetched = self.fetch(coords, on_fragment=start_checks)
+            for future in pending:
+                future.result()
+            out = list(pool.map(lambda pair: self.routes(pair[1], canonical_len=pair[0].input_lengths,
+                                                         fetched=fetched), pairs))
+        for (row, _plan), routes in zip(pairs, out):
+            row.routed_experts = routes
         return out
 
     def close(self) -> None:

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
+import pybase64
 
 from .constants import MISSING_ROUTE_SENTINEL, ROUTED_EXPERTS_MAGIC
 
@@ -48,8 +49,10 @@ def encode_routed_experts(values, dtype: str = "int16") -> str:
     return RouteEnvelope.of(values, dtype).text()
 
 
-# base64 works on 3-byte groups: chunks of a multiple of 3 encode to the same text, piecewise
-_B64_CHUNK = 3 << 16
+# base64 works on 3-byte groups: chunks of a multiple of 3 encode to the same text, piecewise.
+# The route digests hash base64 text, so encoding it is half the integrity work: pybase64's SIMD
+# encoder gives the same text as binascii at 30-60x its speed (bench wire/fetch/finalize).
+_B64_CHUNK = 3 << 18
 
 
 @dataclass(frozen=True, eq=False)
@@ -88,9 +91,9 @@ class RouteEnvelope:
         """``text()`` as ASCII bytes, in pieces (the header, then base64 of successive
         multiple-of-3 slices of the raw bytes, which concatenate to the base64 of all)."""
         yield self.header
-        raw, b2a = self.raw, binascii.b2a_base64
+        raw, b64 = self.raw, pybase64.b64encode
         for start in range(0, len(raw), _B64_CHUNK):
-            yield b2a(raw[start:start + _B64_CHUNK], newline=False)
+            yield b64(raw[start:start + _B64_CHUNK])
 
     def text(self) -> str:
         return b"".join(self.text_chunks()).decode("ascii")

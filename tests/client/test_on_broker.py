@@ -126,6 +126,19 @@ def test_the_fetcher_verifies_a_fragment_once_and_keeps_its_cache_within_its_byt
         for _ in range(2):                       # checked ahead on threads, still once each
             assert all(torch.equal(r, w.routed_experts) for r, w in zip(threaded.attach(group()), direct.rows))
         assert (threaded.fetched, threaded.verified, threaded.failures) == (spans, spans, {})
+        # each fragment is handed over as soon as it is at hand (decoded or a cache hit), once,
+        # before fetch returns: what lets attach hash it while the next records are read
+        wanted = [(s["fragment"]["topic"], s["fragment"]["partition"], s["fragment"]["offset"])
+                  for plan in plans for s in plan["spans"] if s["fragment"] is not None]
+        seen = []
+        threaded.cache.clear()
+        threaded.cached_bytes = 0
+        fetched = threaded.fetch(wanted, on_fragment=lambda c, entry: seen.append((c, entry)))
+        assert sorted(c for c, _ in seen) == sorted(set(wanted))
+        assert all(fetched[c] is entry for c, entry in seen)
+        hits = []
+        threaded.fetch(wanted, on_fragment=lambda c, entry: hits.append(c))
+        assert sorted(hits) == sorted(set(wanted)) and threaded.fetched == 2 * spans
         entry = next(iter(fetcher.cache.values()))
         assert fetcher.cached_bytes == sum(e.nbytes for e in fetcher.cache.values())
         # the entry holds the route bytes, not the record: a fragment and its boundary only
