@@ -29,6 +29,27 @@ def test_bench_verify_json_report():
     assert proc.returncode == (0 if report["meets_target"] else 1)
 
 
+def test_bench_produce_waits_while_the_local_queue_is_full():
+    from stage.bench.broker import produce
+
+    class FullTwice:   # librdkafka raises BufferError while its queue is full
+        def __init__(self):
+            self.full, self.polls, self.sent = 2, 0, []
+
+        def produce(self, topic, **kwargs):
+            if self.full:
+                self.full -= 1
+                raise BufferError("Local: Queue full")
+            self.sent.append((topic, kwargs))
+
+        def poll(self, timeout):
+            self.polls += 1
+
+    producer = FullTwice()
+    produce(producer, "t", key=b"k", value=b"v")
+    assert producer.sent == [("t", {"key": b"k", "value": b"v"})] and producer.polls == 2
+
+
 def test_bench_finalize_small_group_json():
     proc = _run("bench", "finalize", "--json", "--repeats", "1", "--rollouts", "2", "--calls", "3",
                 "--tokens", "16", "--layers", "4", "--topk", "2", "--groups", "2", "--workers", "2")

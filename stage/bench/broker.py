@@ -20,3 +20,15 @@ def bench_broker(bootstrap: str | None, **kraft_options):
         yield broker.bootstrap, "local KRaft (Apache Kafka jars)"
     finally:
         broker.stop()
+
+
+def produce(producer, topic: str, **kwargs) -> None:
+    """``producer.produce``, waiting while librdkafka's local queue is full: a group with routes
+    is hundreds of MB, more than its queue (1 GiB by default) holds when the benchmark produces
+    faster than the broker takes them. Serves delivery callbacks while it waits."""
+    while True:
+        try:
+            producer.produce(topic, **kwargs)
+            return
+        except BufferError:
+            producer.poll(0.05)

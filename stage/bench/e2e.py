@@ -27,6 +27,7 @@ import numpy as np
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from stage.bench.broker import produce
 from stage.client import receipt_event, staged_call_from_record
 from stage.contract import encode_routed_experts
 from stage.contract.producer import RolloutBuilder
@@ -101,7 +102,7 @@ def _fill(producer: Producer, topics: TopicNames, inputs) -> int:
     nbytes = 0
     for group_id, records in inputs:
         for role, value in records:
-            producer.produce(getattr(topics, role), key=group_id.encode(), value=value)
+            produce(producer, getattr(topics, role), key=group_id.encode(), value=value)
             nbytes += len(value)
             producer.poll(0)
     producer.flush(120)
@@ -277,8 +278,8 @@ def measure_latency(bootstrap: str, cfg: StageConfig, inputs, rate_groups_s: flo
                 callback = None
                 if i == last:
                     callback = (lambda gid: lambda err, msg: acked.__setitem__(gid, time.monotonic()))(group_id)
-                producer.produce(getattr(cfg.topics, role), key=group_id.encode(), value=value,
-                                 on_delivery=callback)
+                produce(producer, getattr(cfg.topics, role), key=group_id.encode(), value=value,
+                        on_delivery=callback)
             producer.poll(0)
         producer.flush(60)
         deadline = time.monotonic() + 120

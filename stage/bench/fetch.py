@@ -10,17 +10,18 @@ nothing decoded) and base64 + SHA-256 of the route bytes (what the integrity che
 
 from __future__ import annotations
 
-import pybase64
 import gc
 import hashlib
 import json
 import time
 import uuid
 
+import pybase64
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from stage.bench import pipeline as P
+from stage.bench.broker import produce
 from stage.bench.inputs import BENCH_MAX_RECORD_BYTES, RECEIPTS, bench_profile, fixed_group
 from stage.bench.inputs import profile_groups, profile_line
 from stage.buffer import PartitionBuffer, Position
@@ -48,14 +49,9 @@ def _stage_records(bootstrap: str, topic: str, inputs) -> dict[int, Position]:
     for index, (role, value) in enumerate(inputs.records):
         if role == RECEIPTS:
             continue
-        while True:
-            try:
-                producer.produce(topic, key=inputs.group_id.encode(), value=value, on_delivery=(
-                    lambda i: lambda err, msg: where.__setitem__(i, Position(msg.topic(), msg.partition(),
-                                                                             msg.offset(), 0)))(index))
-                break
-            except BufferError:
-                producer.poll(0.05)
+        produce(producer, topic, key=inputs.group_id.encode(), value=value, on_delivery=(
+            lambda i: lambda err, msg: where.__setitem__(i, Position(msg.topic(), msg.partition(),
+                                                                     msg.offset(), 0)))(index))
         producer.poll(0)
     producer.flush(120)
     return where

@@ -23,6 +23,7 @@ import uuid
 
 from confluent_kafka import Consumer, Producer
 
+from stage.bench.broker import produce
 from stage.bench.e2e import StageProcess, _config, _topics
 from stage.bench.inputs import BENCH_MAX_RECORD_BYTES, RECEIPTS, bench_profile, profile_groups, profile_line
 from stage.bench.pipeline import load_average
@@ -126,12 +127,12 @@ def _run(bootstrap, profile, groups, routes, cap, open_mode, group_size, as_json
                 if role == RECEIPTS and open_mode == "all":
                     held_receipts.append((topic, key, value))
                     continue
-                producer.produce(topic, key=key, value=value)
+                produce(producer, topic, key=key, value=value)
                 producer.poll(0)
                 input_bytes += len(value)
             producer.flush(120)
         for topic, key, value in held_receipts:
-            producer.produce(topic, key=key, value=value)
+            produce(producer, topic, key=key, value=value)
             input_bytes += len(value)
         producer.flush(120)
         published = _summaries(bootstrap, topics.finalized_groups, groups, 900)

@@ -6,12 +6,12 @@ same records, SHA-256 of exactly what verification hashes, base64 + SHA-256 of t
 
 from __future__ import annotations
 
-import pybase64
 import hashlib
 import io
 import os
 import time
 
+import pybase64
 from fastavro import schemaless_reader
 
 from stage.bench.inputs import BENCH_MAX_RECORD_BYTES, RECEIPTS, GroupInputs
