@@ -113,10 +113,10 @@ def run(*, bootstrap: str | None = None, profile: str = "default", as_json: bool
         topic = f"bench-fetch-{uuid.uuid4().hex[:8]}"
         where = _stage_records(bootstrap, topic, inputs)
         rows, plans = _plans_and_rows(inputs, where)
-        route_payloads = []
+        route_payloads, staged_codec = [], AvroCodec("StagedCall", max_record_bytes=BENCH_MAX_RECORD_BYTES)
         for role, value in inputs.records:
             if role != RECEIPTS:
-                record = AvroCodec("StagedCall", max_record_bytes=BENCH_MAX_RECORD_BYTES).decode(value)
+                record = staged_codec.decode(value)
                 route_payloads += [record[n]["data"] for n in ("routed_experts", "routed_experts_boundary")
                                    if record[n] is not None]
         route_bytes = sum(len(p) for p in route_payloads)

@@ -287,8 +287,8 @@ class DeferredRouteFetcher:
         else:
             pool, checks, pending = self._pool_for(), self._checks_of(group.plans), []
 
-            def start_checks(c, entry) -> None:
-                if isinstance(entry, FetchedFragment) and entry.fragment is not None:
+            def start_checks(c, entry: FetchedFragment) -> None:
+                if entry.fragment is not None:
                     pending.extend(pool.submit(self._integrity, span, entry.fragment)
                                    for span in checks.get(c, ()))
 

@@ -21,7 +21,7 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 from stage.finalize import ReassemblyConfig
 from stage.config.model import ENV_PREFIX, StageConfig
 from stage.wire import AvroCodec, TopicNames
-from tests.integration.harness import GroupSpec, expected_rows, read_all
+from tests.integration.harness import GroupSpec, expected_rows, read_all, rows_by_group
 
 ROOT = Path(__file__).resolve().parents[2]
 ROWS = AvroCodec("CanonicalRow")
@@ -218,12 +218,10 @@ def assert_exactly_once(out: Published, groups: list[GroupSpec], finalize: Reass
     sample_ids = Counter(r["sample_id"] for r in out.rows)
     dup = {k: v for k, v in sample_ids.items() if v > 1}
     assert not dup, f"duplicate sample_ids among committed rows: {dup}"
-    by_group: dict = {}
-    for row in out.rows:
-        by_group.setdefault(row["group_id"], []).append(row)
+    by_group = rows_by_group(out.rows)
     assert set(by_group) == wanted, f"rows lost for {sorted(wanted - set(by_group))}"
     for spec in groups:
-        got = sorted(by_group[spec.group_id], key=lambda r: r["row_index"])
+        got = by_group[spec.group_id]
         assert [r["sample_id"] for r in got] == [f"{spec.group_id}_g{i}" for i in range(n)]
         assert got == expected_rows(spec, finalize), f"rows of {spec.group_id} differ from the library's"
     ledger_entries = Counter(key for key, value in out.ledger if value is not None)

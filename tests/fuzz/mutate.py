@@ -68,54 +68,58 @@ def _stage_for(rng: random.Random, traffic: Traffic) -> str:
 
 # -- bytes ----------------------------------------------------------------------------------
 
-def truncations(rng: random.Random) -> Case:
+def _byte_mutations(rng: random.Random, mutate) -> Case:
+    """One to three records of valid traffic replaced by ``mutate(rng, wire)`` of their bytes."""
     traffic = _base(rng)
     changed = {}
     for _ in range(rng.randint(1, 3)):
         i = _pick(rng, traffic)
-        wire = traffic.records[i].wire()
-        cut = rng.randrange(len(wire.value))
-        changed[i] = [wire.but(value=wire.value[:cut], note=f"truncated to {cut} of {len(wire.value)} bytes")]
+        changed[i] = [mutate(rng, traffic.records[i].wire())]
     return _case(_stage_for(rng, traffic), traffic, _wires(traffic, changed))
+
+
+def _truncated(rng: random.Random, wire: Wire) -> Wire:
+    cut = rng.randrange(len(wire.value))
+    return wire.but(value=wire.value[:cut], note=f"truncated to {cut} of {len(wire.value)} bytes")
+
+
+def _bits_flipped(rng: random.Random, wire: Wire) -> Wire:
+    data = bytearray(wire.value)
+    bits = [rng.randrange(len(data) * 8) for _ in range(rng.randint(1, 8))]
+    for bit in bits:
+        data[bit // 8] ^= 1 << (bit % 8)
+    return wire.but(value=bytes(data), note=f"bits {bits} flipped")
+
+
+def _spliced(rng: random.Random, wire: Wire) -> Wire:
+    data, kind = wire.value, rng.randrange(6)
+    at = rng.randrange(len(data))
+    if kind == 0:
+        data = data[:at] + rng.randbytes(rng.randint(1, 16)) + data[at:]
+    elif kind == 1:
+        data = data[:at] + data[at + rng.randint(1, 16):]
+    elif kind == 2:
+        data = data[:at] + rng.randbytes(rng.randint(1, 16)) + data[at + rng.randint(1, 16):]
+    elif kind == 3:
+        data = rng.randbytes(rng.randint(1, 512))
+    elif kind == 4:
+        data = b""
+    else:
+        data = None   # a tombstone on an input topic
+    return wire.but(value=data, note=f"splice kind {kind} at {at}")
+
+
+def truncations(rng: random.Random) -> Case:
+    return _byte_mutations(rng, _truncated)
 
 
 def bit_flips(rng: random.Random) -> Case:
-    traffic = _base(rng)
-    changed = {}
-    for _ in range(rng.randint(1, 3)):
-        i = _pick(rng, traffic)
-        wire = traffic.records[i].wire()
-        data = bytearray(wire.value)
-        bits = [rng.randrange(len(data) * 8) for _ in range(rng.randint(1, 8))]
-        for bit in bits:
-            data[bit // 8] ^= 1 << (bit % 8)
-        changed[i] = [wire.but(value=bytes(data), note=f"bits {bits} flipped")]
-    return _case(_stage_for(rng, traffic), traffic, _wires(traffic, changed))
+    return _byte_mutations(rng, _bits_flipped)
 
 
 def splices(rng: random.Random) -> Case:
     """Byte runs inserted, deleted, overwritten; random garbage, empty and null values."""
-    traffic = _base(rng)
-    changed = {}
-    for _ in range(rng.randint(1, 3)):
-        i = _pick(rng, traffic)
-        wire = traffic.records[i].wire()
-        data, kind = wire.value, rng.randrange(6)
-        at = rng.randrange(len(data))
-        if kind == 0:
-            data = data[:at] + rng.randbytes(rng.randint(1, 16)) + data[at:]
-        elif kind == 1:
-            data = data[:at] + data[at + rng.randint(1, 16):]
-        elif kind == 2:
-            data = data[:at] + rng.randbytes(rng.randint(1, 16)) + data[at + rng.randint(1, 16):]
-        elif kind == 3:
-            data = rng.randbytes(rng.randint(1, 512))
-        elif kind == 4:
-            data = b""
-        else:
-            data = None   # a tombstone on an input topic
-        changed[i] = [wire.but(value=data, note=f"splice kind {kind} at {at}")]
-    return _case(_stage_for(rng, traffic), traffic, _wires(traffic, changed))
+    return _byte_mutations(rng, _spliced)
 
 
 # -- huge varint lengths and counts ---------------------------------------------------------

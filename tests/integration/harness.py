@@ -119,6 +119,23 @@ class Feeder:
         assert self.producer.flush(30) == 0
 
 
+def send_group(producer, spec: GroupSpec) -> None:
+    """A group's staged calls, then its receipts, through the SDK's StagingProducer."""
+    for value in spec.staged:
+        producer.send_staged(spec.group_id, value)
+    for value in spec.receipts:
+        producer.send_receipt(spec.group_id, value)
+    producer.flush()
+
+
+def rows_by_group(rows: list[dict]) -> dict[str, list[dict]]:
+    """Decoded CanonicalRow records by group id, each group's in row order."""
+    by_group: dict[str, list[dict]] = {}
+    for row in rows:
+        by_group.setdefault(row["group_id"], []).append(row)
+    return {gid: sorted(group, key=lambda r: r["row_index"]) for gid, group in by_group.items()}
+
+
 def expected_rows(spec: GroupSpec, config: ReassemblyConfig) -> list[dict]:
     """The rows the library computes for this group (an independent path: in-memory source)."""
     source = InMemoryTokenSource(partition="staging")

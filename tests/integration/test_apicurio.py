@@ -20,7 +20,8 @@ from stage.runtime.exits import EXIT_SCHEMA_REGISTRY
 from stage.wire import AvroCodec, schema_json, value_subject
 from tests.faults.procs import StageProcess
 from tests.integration.harness import (
-    Feeder, RunningStage, expected_rows, make_group, read_all, setup_topics, stage_config, unique_topics,
+    Feeder, RunningStage, expected_rows, make_group, read_all, send_group, setup_topics, stage_config,
+    unique_topics,
 )
 
 FINALIZE = ReassemblyConfig(router_replay=True, defer_routes=False)
@@ -46,14 +47,6 @@ def _producer(kafka, apicurio, topics) -> StagingProducer:
                            schema_registry_config={"basic.auth.user.info": apicurio.user_info})
 
 
-def _send(producer, spec) -> None:
-    for value in spec.staged:
-        producer.send_staged(spec.group_id, value)
-    for value in spec.receipts:
-        producer.send_receipt(spec.group_id, value)
-    producer.flush()
-
-
 class _Captured(logging.Handler):
     def __init__(self) -> None:
         super().__init__(logging.DEBUG)
@@ -72,7 +65,7 @@ def published(kafka, apicurio):
     groups = [make_group(f"sr-{i}", 3, seed=80 + i) for i in range(3)]
     producer = _producer(kafka, apicurio, topics)
     for spec in groups:
-        _send(producer, spec)
+        send_group(producer, spec)
     captured, root = _Captured(), logging.getLogger()
     level = root.level
     root.addHandler(captured)
@@ -207,7 +200,7 @@ def test_a_schema_id_the_registry_does_not_know_is_dead_lettered(kafka, apicurio
     bogus = b"\x00" + (987_654_321).to_bytes(4, "big") + b"\x02\x04"
     feed.raw(topics.receipts, b"good", bogus)
     feed.flush()
-    _send(_producer(kafka, apicurio, topics), make_group("good", 2, seed=72))
+    send_group(_producer(kafka, apicurio, topics), make_group("good", 2, seed=72))
     with RunningStage(cfg) as stage:
         stage.wait(lambda: stage.runtime.stats.total("groups_published") >= 1, 60, "publication")
         stage.wait(lambda: stage.runtime.stats.total("dead_letters") >= 1, 30, "dead letter")

@@ -9,7 +9,9 @@ import pytest
 
 from stage.client import CanonicalReader, StagingProducer
 from stage.runtime.registry import registry_client
-from tests.integration.harness import RunningStage, make_group, setup_topics, stage_config, unique_topics
+from tests.integration.harness import (
+    RunningStage, make_group, send_group, setup_topics, stage_config, unique_topics,
+)
 from tests.support.apicurio import CCOMPAT
 from tests.support.tls import MutualTlsFront
 
@@ -45,11 +47,7 @@ def test_every_client_presents_the_client_certificate(kafka, apicurio):
         producer = StagingProducer(kafka.bootstrap, topics=topics, framing="confluent",
                                    schema_registry_url=url, schema_registry_config=sdk)
         spec = make_group("mtls", 2, seed=91)
-        for value in spec.staged:
-            producer.send_staged(spec.group_id, value)
-        for value in spec.receipts:
-            producer.send_receipt(spec.group_id, value)
-        producer.flush()
+        send_group(producer, spec)
         with RunningStage(cfg) as stage:     # registers its output schemas through the front
             stage.wait(lambda: stage.runtime.stats.total("groups_published") >= 1, 90, "publication")
             assert stage.runtime.stats.total("dead_letters") == 0

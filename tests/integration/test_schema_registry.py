@@ -20,7 +20,7 @@ from stage.client import StagingProducer
 from stage.wire import AvroCodec, schema_json, value_subject
 from tests.faults.procs import StageProcess
 from tests.integration.harness import (
-    RunningStage, make_group, read_all, setup_topics, stage_config, unique_topics,
+    RunningStage, make_group, read_all, send_group, setup_topics, stage_config, unique_topics,
 )
 from tests.support.apicurio import ApicurioRegistry, require_apicurio
 from tests.support.registry import FakeRegistry
@@ -69,14 +69,6 @@ def _setup(kafka, registry, **overrides):
     return cfg, topics, producer
 
 
-def _send(producer, spec) -> None:
-    for value in spec.staged:
-        producer.send_staged(spec.group_id, value)
-    for value in spec.receipts:
-        producer.send_receipt(spec.group_id, value)
-    producer.flush()
-
-
 def _committed(kafka, cfg) -> dict:
     admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
     request = ConsumerGroupTopicPartitions(cfg.group_id, [TopicPartition(cfg.topics.receipts, 0),
@@ -119,10 +111,10 @@ def test_a_registry_restart_holds_good_records_and_dead_letters_nothing(kafka, r
     with RunningStage(cfg) as stage:             # start() registers the output schemas
         stats, runtime = stage.runtime.stats, stage.runtime
         stage.wait(lambda: runtime.ready, 60, "ready")
-        _send(producer, before)
+        send_group(producer, before)
         stage.wait(lambda: stats.total("groups_published") >= 1, 60, "the first group")
         registry.kill()                            # a crash: connections refused
-        _send(producer, known)                     # schema ids the stage resolved already
+        send_group(producer, known)                     # schema ids the stage resolved already
         stage.wait(lambda: stats.total("groups_published") >= 2, 60, "a group of known ids")
         _send_evolved(producer, held, newer_id, newer)   # an id the stage has not resolved yet
         stage.wait(lambda: stats.gauges.get("schema_registry_unavailable") == 1.0, 30, "outage noticed")
@@ -155,7 +147,7 @@ def test_a_registry_answering_503_holds_good_records(kafka, stand_in):
         stats, runtime = stage.runtime.stats, stage.runtime
         stage.wait(lambda: runtime.ready, 60, "ready")
         stand_in.status = 503
-        _send(producer, spec)
+        send_group(producer, spec)
         stage.wait(lambda: stats.gauges.get("schema_registry_unavailable") == 1.0, 30, "outage noticed")
         ok, why = runtime.readiness()
         assert not ok and "503" in why
@@ -175,7 +167,7 @@ def test_sigterm_stops_the_stage_during_a_registry_outage(kafka, registry, tmp_p
     try:
         proc.wait_for(lambda: "partition 0 ready" in proc.log(), 90, "partition assigned")
         registry.kill()
-        _send(producer, make_group("waiting", 2, seed=74))
+        send_group(producer, make_group("waiting", 2, seed=74))
         proc.wait_for(lambda: "schema registry unavailable" in proc.log(), 60, "outage noticed")
         started = time.monotonic()
         proc.signal(signal.SIGTERM)

@@ -10,7 +10,8 @@ from stage.finalize import ReassemblyConfig
 from stage.runtime.intake import SPILLED_ITEM_BYTES
 from stage.wire import AvroCodec
 from tests.integration.harness import (
-    Feeder, RunningStage, expected_rows, make_group, read_all, setup_topics, stage_config, unique_topics,
+    Feeder, RunningStage, expected_rows, make_group, read_all, rows_by_group, setup_topics, stage_config,
+    unique_topics,
 )
 
 ROWS = AvroCodec("CanonicalRow")
@@ -49,9 +50,7 @@ def test_groups_open_past_the_cap_spill_to_disk_and_publish_the_librarys_rows(ka
         assert stats.gauges["spilled_bytes"] == 0          # released as the groups were published
     assert not any(tmp_path.rglob("segment-*"))
     rows = [ROWS.decode(m.value()) for m in read_all(kafka.bootstrap, topics.canonical_rows)]
-    by_group: dict = {}
-    for row in rows:
-        by_group.setdefault(row["group_id"], []).append(row)
+    by_group = rows_by_group(rows)
     for spec in groups:
-        got = sorted(by_group[spec.group_id], key=lambda r: r["row_index"])
+        got = by_group[spec.group_id]
         assert got == expected_rows(spec, finalize)

@@ -8,7 +8,8 @@ from stage.runtime.pauses import BACKPRESSURE
 from stage.publish import PublishAborted
 from stage.wire import AvroCodec
 from tests.integration.harness import (
-    Feeder, RunningStage, expected_rows, make_group, read_all, setup_topics, stage_config, unique_topics,
+    Feeder, RunningStage, expected_rows, make_group, read_all, rows_by_group, setup_topics, stage_config,
+    unique_topics,
 )
 
 ROWS, SUMMARY, PLANS = AvroCodec("CanonicalRow"), AvroCodec("GroupSummary"), AvroCodec("RoutePlan")
@@ -35,11 +36,9 @@ def _outputs(kafka, topics):
 def _assert_exactly_once(rows, summaries, groups, finalize):
     assert sorted(s["group_id"] for s in summaries) == sorted(g.group_id for g in groups)
     assert len({r["sample_id"] for r in rows}) == len(rows)
-    by_group: dict = {}
-    for row in rows:
-        by_group.setdefault(row["group_id"], []).append(row)
+    by_group = rows_by_group(rows)
     for spec in groups:
-        got = sorted(by_group[spec.group_id], key=lambda r: r["row_index"])
+        got = by_group[spec.group_id]
         assert got == expected_rows(spec, finalize)
 
 

@@ -6,7 +6,8 @@ import pytest
 from stage.finalize import ReassemblyConfig
 from stage.wire import AvroCodec
 from tests.integration.harness import (
-    Feeder, RunningStage, expected_rows, make_group, read_all, setup_topics, stage_config, unique_topics,
+    Feeder, RunningStage, expected_rows, make_group, read_all, rows_by_group, setup_topics, stage_config,
+    unique_topics,
 )
 
 ROWS = AvroCodec("CanonicalRow")
@@ -33,10 +34,8 @@ def test_complete_groups_publish_exactly_n_rows_equal_to_the_library(kafka, pool
     summaries = [SUMMARY.decode(m.value()) for m in read_all(kafka.bootstrap, topics.finalized_groups)]
     assert sorted(s["group_id"] for s in summaries) == sorted(g.group_id for g in groups)
     assert all(s["outcome"] == "complete" and s["valid_rows"] == 4 for s in summaries), [(s["outcome"], s["valid_rows"], s["rejections"], s["drop_reason"]) for s in summaries]
-    by_group: dict = {}
-    for row in rows:
-        by_group.setdefault(row["group_id"], []).append(row)
+    by_group = rows_by_group(rows)
     for spec in groups:
-        got = sorted(by_group[spec.group_id], key=lambda r: r["row_index"])
+        got = by_group[spec.group_id]
         assert [r["sample_id"] for r in got] == [f"{spec.group_id}_g{i}" for i in range(4)]
         assert got == expected_rows(spec, finalize)

@@ -15,6 +15,7 @@ from fastavro.validation import validate
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from stage.bench.hostile import fields_bytes, zigzag
 from stage.wire import AvroCodec, WireError, schema_json
 from tests.wire.samples import SAMPLES
 
@@ -91,23 +92,9 @@ def test_splices(case, where, insert, delete):
     decode_or_wire_error(AvroCodec(case[0]), data[:at] + insert + data[at + delete:])
 
 
-def zigzag(n: int) -> bytes:
-    n = (n << 1) ^ (n >> 63)
-    out = bytearray()
-    while True:
-        low, n = n & 0x7F, n >> 7
-        out.append(low | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
 def prefix(name: str, record: dict, upto: str) -> bytes:
     """Valid encoding of ``record``'s fields before ``upto`` (where the bomb goes)."""
-    doc = json.loads(schema_json(name))
-    doc["fields"] = doc["fields"][: [f["name"] for f in doc["fields"]].index(upto)]
-    out = io.BytesIO()
-    schemaless_writer(out, parse_schema(doc, named_schemas={}), record)
-    return out.getvalue()
+    return fields_bytes(name, record, None, upto)
 
 
 def call_record_item() -> bytes:
