@@ -132,6 +132,24 @@ def test_a_row_over_max_record_bytes_is_published_in_parts_and_reassembles_exact
     assert summary_of(out)["total_rows"] == 2
 
 
+def test_a_128k_token_agentic_rollout_with_48x8_routes_is_published_in_parts_at_the_default_cap():
+    """Real size, default max_record_bytes (64 MiB): 64 calls, ~129k tokens, Qwen3-30B-A3B
+    router replay (48 layers x top-8, int16 in the row: ~99 MB of routes, over the cap)."""
+    config = ReassemblyConfig(router_replay=True, route_layers=48, route_topk=8)
+    spec = make_group("agentic", 1, calls=64, seed=6, routes=(48, 8), prompt=(2048, 1024),
+                      generated=1000)
+    out = run(taken(spec), config)
+    assert out.error is None
+    blobs = published(out, "canonical-rows")
+    assert len(blobs) >= 2 and all(len(blob) <= 64 << 20 for blob in blobs)
+    group = rows_of(out)
+    (row,), (want,) = group.rows, library_rows(spec, config)
+    assert group.valid_rows == 1 and row.input_lengths == want.input_lengths > 128_000
+    assert row.routed_experts.shape == (want.input_lengths, 48, 8)
+    for name in ("input_ids", "generation_logprobs", "token_mask", "routed_experts"):
+        assert torch.equal(getattr(row, name), getattr(want, name)), name
+
+
 def library_rows(spec, config):
     """The rows the finalizer library computes from the same records (no wire, no stage)."""
     source = InMemoryTokenSource()
