@@ -57,7 +57,7 @@ def test_modules_of_the_light_commands_import_no_torch():
 import json, sys
 from stage.config.model import StageConfig, load_config
 from stage.debug import cli, deadletters, inspect_group, kafka, text
-from stage.runtime import clients, registry, topics
+from stage.runtime.kafka import clients, registry, topics
 from stage.wire.partitioner import partition_for
 cfg = load_config(None, {})
 codecs = registry.build_codecs(cfg)

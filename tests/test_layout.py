@@ -61,3 +61,18 @@ def test_runtime_steps_are_collaborators_not_mixins_of_the_runtime():
     tree = ast.parse((STAGE / "runtime" / "loop.py").read_text())
     [runtime] = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "StageRuntime"]
     assert runtime.bases == []
+
+
+def test_the_code_layout_names_every_package_and_runtime_module():
+    text = (STAGE.parent / "docs" / "design.md").read_text()
+    layout = text.split("## Code layout", 1)[1].split("\n## ", 1)[0]
+    packages = sorted(p.name for p in STAGE.iterdir() if (p / "__init__.py").exists())
+    missing = [f"stage/{p}" for p in packages if f"stage/{p}" not in layout]
+    runtime = STAGE / "runtime"
+    for path in sorted(runtime.rglob("*.py")):
+        if path.name == "__init__.py":
+            continue
+        folder = path.parent.relative_to(runtime)
+        if f"`{path.name}`" not in layout or (str(folder) != "." and f"`{folder}/`" not in layout):
+            missing.append(str(path.relative_to(STAGE)))
+    assert missing == []

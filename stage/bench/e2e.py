@@ -33,7 +33,7 @@ from stage.contract import encode_routed_experts
 from stage.contract.producer import RolloutBuilder
 from stage.config.model import StageConfig
 from stage.runtime.loop import StageRuntime
-from stage.runtime.topics import create_topics
+from stage.runtime.kafka.topics import create_topics
 from stage.wire import AvroCodec, TopicNames
 from stage.wire.partitioner import LIBRDKAFKA_PARTITIONER
 

@@ -27,7 +27,7 @@ from stage.bench.broker import produce
 from stage.bench.e2e import StageProcess, _config, _topics
 from stage.bench.inputs import BENCH_MAX_RECORD_BYTES, RECEIPTS, bench_profile, profile_groups, profile_line
 from stage.bench.pipeline import load_average
-from stage.runtime.topics import create_topics
+from stage.runtime.kafka.topics import create_topics
 from stage.wire.partitioner import LIBRDKAFKA_PARTITIONER
 
 

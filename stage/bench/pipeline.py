@@ -21,10 +21,10 @@ from stage.contract import RolloutReceipt
 from stage.decode import InputLimits, receipt_item, staged_item, staged_row
 from stage.finalize import ReassemblyConfig
 from stage.routes import RouteDimsCache
-from stage.wire import AvroCodec, TopicNames
+from stage.wire import OUTPUT_RECORDS, AvroCodec, TopicNames
 
 TOPICS = TopicNames()
-OUTPUT_CODECS = ("CanonicalRow", "RoutePlan", "GroupSummary", "LedgerEntry")
+OUTPUT_CODECS = OUTPUT_RECORDS
 MODES = {
     "direct": ReassemblyConfig(router_replay=True, staging_partition=TOPICS.staged_calls),
     "deferred": ReassemblyConfig(router_replay=True, defer_routes=True, staging_partition=TOPICS.staged_calls),
@@ -67,8 +67,8 @@ def config_for(mode: str, device: str = "cpu") -> ReassemblyConfig:
 
 def finalize(group, mode: str, codec_map: dict, dims_cache: RouteDimsCache | None = None,
              device: str = "cpu"):
-    """The runtime's finalization task for one group (stage.runtime.worker)."""
-    from stage.runtime.worker import finalize_and_encode
+    """The runtime's finalization task for one group (stage.runtime.task.finalize_task)."""
+    from stage.runtime.task.finalize_task import finalize_and_encode
     out = finalize_and_encode(group, "complete", 0, config=config_for(mode, device),
                               dims_cache=dims_cache or RouteDimsCache(), codecs=codec_map,
                               topics=TOPICS, limits=InputLimits(), now_ms=lambda: 0)

@@ -91,7 +91,7 @@ def _create_topics(broker: KraftBroker, args) -> str:
     from confluent_kafka.admin import AdminClient
 
     from stage.config.model import load_config
-    from stage.runtime.topics import check_copartitioning, create_topics
+    from stage.runtime.kafka.topics import check_copartitioning, create_topics
     cfg = load_config(args.config, overrides={"bootstrap_servers": broker.bootstrap})
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
     created = create_topics(admin, cfg, partitions=args.partitions, replication=1, min_insync_replicas=1)

@@ -5,7 +5,7 @@ yet (it would wait for them forever), so when groups stay open long (agentic rol
 calls, N=16 groups finishing over minutes) the buffer would grow past ``max_buffered_bytes``.
 Instead, a staged call admitted while the stage holds its cap has its record bytes appended
 to a spill segment on local disk and only its small decoded fields stay in memory; the group's
-finalization reads the record back (stage.runtime.source). Nothing here needs to survive a
+finalization reads the record back (stage.runtime.task.source). Nothing here needs to survive a
 crash: Kafka holds the records, and a restarted stage re-reads them from the committed offsets.
 
 Segments are append-only files of a partition's spill directory; one is deleted as soon as no

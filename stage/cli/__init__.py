@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from stage.cli.args import LOG_LEVELS, Help, add_parser, at_least, positive_float
-from stage.runtime.topics import (
+from stage.runtime.kafka.topics import (
     DEFAULT_MAX_MESSAGE_BYTES,
     DEFAULT_MIN_INSYNC_REPLICAS,
     DEFAULT_REPLICATION,
@@ -153,7 +153,7 @@ def _configure(args):
     try:
         if args.command == "run":
             import os
-            from stage.runtime.logs import apply_rejection_log_level
+            from stage.runtime.kafka.logs import apply_rejection_log_level
             apply_rejection_log_level(os.environ)
         return _load(args), None
     except (OSError, ValueError) as error:
@@ -166,7 +166,7 @@ def _topics_command(args) -> int:
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AdminClient
 
-    from stage.runtime.topics import (
+    from stage.runtime.kafka.topics import (
         TopologyError, check_copartitioning, create_topics, durability_warnings,
     )
     cfg, status = _configure(args)

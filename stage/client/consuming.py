@@ -31,7 +31,7 @@ DEFAULT_MAX_RECORD_BYTES = 64 << 20
 
 def fetch_limits(max_record_bytes: int) -> dict:
     """librdkafka's fetch limits for records up to ``max_record_bytes``, as the stage sizes its
-    own consumer (stage.runtime.clients): a batch holds one record of the cap plus framing."""
+    own consumer (stage.runtime.kafka.clients): a batch holds one record of the cap plus framing."""
     fetch = max(max_record_bytes + (1 << 20), 52_428_800)
     return {"fetch.max.bytes": fetch, "max.partition.fetch.bytes": max_record_bytes + (1 << 20),
             "receive.message.max.bytes": fetch + 1_000_000}

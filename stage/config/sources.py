@@ -27,7 +27,7 @@ NOT_SETTINGS = frozenset({
     "ROLLOUT_REASSEMBLER_MALLOC_TUNING",   # stage.runtime.malloc
     "ROLLOUT_REASSEMBLER_SCHEMAS_DIR",     # stage.wire.schemas
     "ROLLOUT_REASSEMBLER_KAFKA_JARS",      # stage.brokers.kraft
-    "ROLLOUT_REASSEMBLER_REJECTION_LOG_LEVEL",  # stage.runtime.logs (per-rejection log level)
+    "ROLLOUT_REASSEMBLER_REJECTION_LOG_LEVEL",  # stage.runtime.kafka.logs (per-rejection log level)
     "ROLLOUT_REASSEMBLER_DOCKER_STATE",    # tools/docker/engine.sh
 })
 

@@ -161,7 +161,7 @@ def main(args, load_config) -> int:
 
 
 def _codecs(cfg):
-    from stage.runtime.registry import build_codecs   # not the loop's module: it imports torch
+    from stage.runtime.kafka.registry import build_codecs   # not the loop's module: it imports torch
     return build_codecs(cfg)
 
 

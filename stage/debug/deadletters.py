@@ -34,7 +34,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from stage.debug.kafka import PartitionReader, Record
 from stage.publish.deadletters import ERROR_CLASSES
-from stage.runtime.clients import common, replay_producer_config
+from stage.runtime.kafka.clients import common, replay_producer_config
 from stage.config.model import StageConfig
 from stage.wire import WireError
 from stage.wire.partitioner import partition_for

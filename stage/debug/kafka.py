@@ -1,7 +1,7 @@
 """Bounded reads of single partitions for the operator commands (``inspect``, ``dead-letters``).
 
 Clients are built from the stage's configuration exactly as ``run`` builds its own
-(``stage.runtime.clients``: bootstrap servers plus the ``kafka:`` and ``consumer:`` passthrough,
+(``stage.runtime.kafka.clients``: bootstrap servers plus the ``kafka:`` and ``consumer:`` passthrough,
 so SASL/TLS settings apply), read_committed, assigned by hand (no consumer-group join, nothing
 committed). A scan reads ``[start, end)`` of one partition, where the bounds may come from
 record timestamps (``offsets_for_times``), and reports its progress on stderr.
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from stage.client.consuming import retrying
-from stage.runtime.clients import reader_config
+from stage.runtime.kafka.clients import reader_config
 from stage.config.model import StageConfig
 
 

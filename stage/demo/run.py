@@ -40,7 +40,7 @@ from stage.finalize.reasons import bucket_of
 from stage.routes import RouteDimsCache
 from stage.config.model import StageConfig
 from stage.runtime.loop import StageRuntime
-from stage.runtime.topics import create_topics
+from stage.runtime.kafka.topics import create_topics
 from stage.wire import AvroCodec, TopicNames
 from stage.workload import (
     MISSING_RECEIPT,

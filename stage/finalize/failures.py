@@ -69,7 +69,8 @@ UNPUBLISHABLE = HaltCause(
     "unpublishable", "even N placeholder rows of the group could not be built or encoded: "
     "they depend only on ids and sizes the decoder bounds, so the stage itself is at fault "
     "(a bug, the output codec or the schema registry) and would fail the next group too",
-    "read the logged traceback; fix the configuration or report the bug; restart",
+    "read the logged traceback (`group ... could not be finalized`); fix the configuration or "
+    "report the bug; restart",
     lambda error: False)   # never matched: the worker names it when its last resort fails
 
 HALT_CAUSES = (DEVICE, HOST_MEMORY, SPILL, UNPUBLISHABLE)

@@ -18,6 +18,7 @@ from stage.buffer import COMPLETE, CONFLICT, DEADLINE, DUPLICATE, LATE, REPLAYED
 from stage.observability.process import register_process_metrics
 from stage.publish.deadletters import DEAD_LETTERED_BEFORE, ERROR_CLASSES
 from stage.publish.records import DROPPED
+from stage.wire import INPUT_ROLES
 
 logger = logging.getLogger(__name__)
 
@@ -102,7 +103,7 @@ CONFIG_GAUGES = {
 
 def value_sets(cfg) -> dict[str, tuple]:
     """The label value sets INITIAL_LABELS names, for this configuration."""
-    return {INPUT_TOPICS: (cfg.topics.receipts, cfg.topics.staged_calls)}
+    return {INPUT_TOPICS: tuple(getattr(cfg.topics, role) for role in INPUT_ROLES)}
 
 
 def label_combinations(labels: dict, sets: dict[str, tuple]) -> list[dict[str, str]]:

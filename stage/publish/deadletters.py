@@ -15,7 +15,9 @@ watermark is counted and skipped instead of being dead-lettered again.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from stage.wire.topics import INPUT_LEDGER_FIELDS
 
 DEAD_LETTER_WATERMARK_KEY = b"\xffdead-letters"
 MAX_ERROR_BYTES = 4000
@@ -41,6 +43,10 @@ class DeadLetter:
     headers: list
     error: str
     error_class: str
+    # The source partition's dead-letter marks (input topic -> highest offset dead-lettered)
+    # as of this record: the watermark the transaction carrying it writes to the ledger.
+    marks: dict = field(default_factory=dict)
+    epoch: int = 0          # the source partition's load epoch when it was rejected
 
     def record(self, dead_letter_topic: str) -> tuple:
         """(topic, partition, key, value, headers) for a publisher batch."""
@@ -53,9 +59,10 @@ class DeadLetter:
         return (dead_letter_topic, None, self.key, self.value, headers)
 
 
-def watermark_entry(partition: int, receipts_offset: int, staged_offset: int, now_ms: int) -> dict:
-    """The LedgerEntry value stored under DEAD_LETTER_WATERMARK_KEY (group_id is empty; outcome
-    carries no meaning for this entry)."""
-    return {"group_id": "", "partition": partition, "max_receipt_offset": receipts_offset,
-            "max_staged_offset": staged_offset, "outcome": "complete", "published_at_ms": now_ms,
-            "output_digest": ""}
+def watermark_entry(partition: int, offsets: dict[str, int], now_ms: int) -> dict:
+    """The LedgerEntry value stored under DEAD_LETTER_WATERMARK_KEY: ``offsets`` is input role
+    -> the highest offset dead-lettered (-1 if none). group_id is empty; outcome carries no
+    meaning for this entry."""
+    marks = {field: offsets.get(role, -1) for role, field in INPUT_LEDGER_FIELDS.items()}
+    return {"group_id": "", "partition": partition, **marks, "outcome": "complete",
+            "published_at_ms": now_ms, "output_digest": ""}

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from stage.buffer import Position
 from stage.finalize import CanonicalRow, FinalizedGroup
-from stage.wire import WireError, pack_tensor
+from stage.wire import INPUT_LEDGER_FIELDS, WireError, pack_tensor
 
 COMPLETE, DEADLINE, DROPPED = "complete", "deadline", "dropped"
 
@@ -181,11 +181,12 @@ def summary_record(group: FinalizedGroup, ctx: GroupContext, finalized_at_ms: in
     }
 
 
-def ledger_record(ctx: GroupContext, outcome: str, receipts_topic: str, staged_topic: str,
-                  published_at_ms: int, output_digest: str) -> dict:
-    return {"group_id": ctx.group_id, "partition": ctx.partition,
-            "max_receipt_offset": ctx.max_offsets.get(receipts_topic, -1),
-            "max_staged_offset": ctx.max_offsets.get(staged_topic, -1),
+def ledger_record(ctx: GroupContext, outcome: str, topics, published_at_ms: int,
+                  output_digest: str) -> dict:
+    """``topics``: the TopicNames; each input role's highest offset goes in its ledger field."""
+    offsets = {field: ctx.max_offsets.get(getattr(topics, role), -1)
+               for role, field in INPUT_LEDGER_FIELDS.items()}
+    return {"group_id": ctx.group_id, "partition": ctx.partition, **offsets,
             "outcome": outcome, "published_at_ms": published_at_ms, "output_digest": output_digest}
 
 

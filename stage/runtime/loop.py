@@ -1,23 +1,25 @@
 """The stage's consumer loop: decode -> buffer -> finalize (worker pool) -> publish + commit.
 
-One consumer in the group subscribes to the receipts topic with cooperative-sticky assignment;
-for every receipts partition it is given it also assigns the same partition of the staged-calls
-topic (co-partitioning: cooperative-sticky balances topic-partitions independently, so two
-subscribed topics would not stay co-assigned). Offsets of both are committed through the same
-transaction as the outputs.
+One consumer in the group subscribes to the lead input topic (receipts) with cooperative-sticky
+assignment; for every partition it is given it also assigns the same partition of every other
+input topic (co-partitioning, stage.runtime.state.inputs: cooperative-sticky balances
+topic-partitions independently, so two subscribed topics would not stay co-assigned). Offsets
+of every input are committed through the same transaction as the outputs.
 
 The loop never blocks on finalization, the ledger, or the schema registry: groups are finalized
-in a thread pool with a bounded number in flight, completed groups are published in batches (one
-transaction each, on a publisher thread), newly assigned partitions stay paused while their
+in a worker pool with a bounded number in flight, completed groups are published in batches (one
+transaction each, on a publisher thread), newly assigned partitions are not fetched while their
 ledger loads on a loader thread, and a record whose schema is not resolved yet is put back while
-the registry is asked on another thread. Every reason to stop fetching a partition is tracked
-separately (stage.runtime.pauses).
+the registry is asked on another thread.
 
-Where things live: everything about one assigned partition is its ``PartitionState``
-(stage.runtime.partition); one iteration runs the steps in order, each a collaborator handed
-what it may touch: intake (decode, route check, buffer or dead-letter), loads (ledger loads),
-deadlines (take ready groups), finalization (the worker pool), publication (the transaction in
-flight), backpressure, and the topology watch; assignment handles rebalances and the rewind.
+Where things live (docs/design.md, Code layout): ``state/`` holds what is known about the
+assigned partitions (``PartitionState``: identity, epoch, buffer, committed offsets, dead-letter
+marks), the input table, the pause reasons and the memory accounting; ``steps/`` the steps, each
+a class that owns its state and its inbox and hands typed work on (intake -> loads -> deadlines
+-> finalization -> publication, with back-pressure and assignment); ``kafka/`` the clients and
+broker queries; ``task/`` what runs on a finalize worker. This class runs one iteration, hands
+each step's output to the next, derives the pause reasons and the gauges from the state once an
+iteration, and handles the steps' outcomes (``Rewind``, ``StageExit``) in one place.
 """
 
 from __future__ import annotations
@@ -40,37 +42,39 @@ from stage.decode import InputLimits
 from stage.publish import AtLeastOncePublisher, StageFatal, TransactionalPublisher
 from stage.routes import RouteDimsCache
 from stage.runtime import exits
-from stage.runtime.assignment import Assignment, repartitioned
-from stage.runtime.availability import EndOffsetProbe, StartOffsets
-from stage.runtime.backpressure import BackPressure
-from stage.runtime.clients import Clients, consumer_config, producer_config
-from stage.runtime.deadlines import Deadlines
 from stage.runtime.detached import DetachedWorker
-from stage.runtime.finalization import Finalization
-from stage.runtime.intake import Intake
-from stage.runtime.loads import LedgerLoads
-from stage.runtime.memory import Holdings
-from stage.runtime.partition import Partitions
-from stage.runtime.pauses import SHUTDOWN, PauseSet
-from stage.runtime.probes import BrokerQueries
-from stage.runtime.publication import Publication
-from stage.runtime.registry import SchemaResolver, build_codecs
-from stage.runtime.startup import connect_admin, probe_device, register_output_schemas
+from stage.runtime.gauges import Gauges
+from stage.runtime.kafka.availability import EndOffsetProbe, StartOffsets
+from stage.runtime.kafka.clients import Clients, consumer_config, producer_config
+from stage.runtime.kafka.probes import BrokerQueries
+from stage.runtime.kafka.registry import SchemaResolver, build_codecs
+from stage.runtime.kafka.startup import connect_admin, probe_device, register_output_schemas
+from stage.runtime.kafka.topics import PartitionWatch
+from stage.runtime.state.inputs import LEAD, alongside, input_topics
+from stage.runtime.state.memory import Holdings
+from stage.runtime.state.partition import Partitions
+from stage.runtime.state.pauses import PauseSet, reasons_of
 from stage.runtime.stats import RuntimeStats
-from stage.runtime.topics import PartitionWatch
-from stage.runtime.workers import make_workers
+from stage.runtime.steps.assignment import Assignment, repartitioned
+from stage.runtime.steps.backpressure import BackPressure
+from stage.runtime.steps.deadlines import Deadlines
+from stage.runtime.steps.finalization import Finalization
+from stage.runtime.steps.flight import Flight
+from stage.runtime.steps.intake import Intake
+from stage.runtime.steps.loads import LedgerLoads
+from stage.runtime.steps.outcomes import Budget, Rewind
+from stage.runtime.steps.publication import Publication
+from stage.runtime.task.pools import make_workers
+from stage.wire import OUTPUT_RECORDS
 
 logger = logging.getLogger(__name__)
 
-OUTPUT_RECORDS = ("CanonicalRow", "RoutePlan", "GroupSummary", "LedgerEntry")
 _TOPOLOGY_CHECK_S = 30.0
 
 
 class StageRuntime:
     """One consumer-group member: the lifecycle, the cross-partition pieces (clients, worker
-    pools, the transaction in flight) and one iteration of the loop. What belongs to an input
-    partition is its ``PartitionState`` (stage.runtime.partition); each step is a collaborator
-    that is handed what it may touch."""
+    pools), and one iteration of the loop, which hands each step's work to the next."""
 
     def __init__(self, cfg: StageConfig, *, clock=None, stats: RuntimeStats | None = None,
                  limits: InputLimits = InputLimits()) -> None:
@@ -81,18 +85,15 @@ class StageRuntime:
         self.limits = limits
         self.codecs = build_codecs(cfg)
         self.dims_cache = RouteDimsCache()
-        self.topics = (cfg.topics.receipts, cfg.topics.staged_calls)
-        self.partition_count = 0          # of every co-partitioned topic, checked at start
+        self.topics = input_topics(cfg.topics)
         self.clients = Clients()
         self.partitions = Partitions()
         self.pauses = PauseSet(self.topics)
         self.resolver = SchemaResolver() if cfg.framing == "confluent" else None
-        self.partitions.on_drop(self.pauses.forget)
-        if self.resolver is not None:
-            self.partitions.on_drop(self.resolver.forget)
         self._fatal: exits.StageExit | None = None
+        self._stopping = False
         self._stop = threading.Event()
-        # Finalization: threads of this process or worker processes (stage.runtime.workers).
+        # Finalization: threads of this process or worker processes (stage.runtime.task.pools).
         self.pool = make_workers(cfg, limits=limits, task=dict(
             config=cfg.finalize, dims_cache=self.dims_cache, codecs=self.codecs, topics=cfg.topics,
             limits=limits, now_ms=self.clock.now_ms))
@@ -108,49 +109,46 @@ class StageRuntime:
 
     def _build_steps(self) -> None:
         cfg, parts, stats = self.cfg, self.partitions, self.stats
-        rewind = lambda: self.assignment.rewind()  # noqa: E731 - the assignment is made below
         self.loads = LedgerLoads(cfg, pool=self.loader_pool, ledger_codec=self.codecs["LedgerEntry"],
-                                 partitions=parts, pauses=self.pauses, clients=self.clients,
-                                 stop=self._stop, spill_root=self.spill_root)
+                                 partitions=parts, clients=self.clients, stop=self._stop,
+                                 spill_root=self.spill_root)
         self.intake = Intake(topics=cfg.topics, codecs=self.codecs, limits=self.limits,
-                             keep_routes=cfg.finalize.direct_routes,
-                             partition_count=lambda: self.partition_count, partitions=parts,
-                             pauses=self.pauses, resolver=self.resolver, clients=self.clients,
-                             stats=stats, rewind=rewind,
-                             room=lambda: cfg.max_buffered_bytes - self.holdings().total)
+                             keep_routes=cfg.finalize.direct_routes, partitions=parts,
+                             resolver=self.resolver, clients=self.clients, stats=stats)
         self.deadlines = Deadlines(topics=self.topics, hold_max_ms=cfg.deadline_hold_max_ms,
-                                   partitions=parts, pauses=self.pauses, clients=self.clients,
-                                   stats=stats)
-        self.finalization = Finalization(
-            workers=self.pool, max_inflight=cfg.max_inflight_groups, routes_mode=_routes_mode(cfg),
-            partitions=parts, pauses=self.pauses, stats=stats,
-            room=lambda: cfg.max_buffered_bytes - self.holdings().total,
-            idle=lambda: not self.publication.in_flight)
-        self.publication = Publication(cfg, pool=self.publish_pool, clients=self.clients,
-                                       ledger_codec=self.codecs["LedgerEntry"], clock=self.clock,
-                                       partitions=parts, stats=stats, rewind=rewind,
-                                       declare_fatal=self._declare_fatal,
-                                       new_publisher=(self._new_publisher
-                                                      if cfg.processing == EXACTLY_ONCE else None))
-        self.assignment = Assignment(cfg, partition_count=lambda: self.partition_count,
-                                     partitions=parts, pauses=self.pauses, loads=self.loads,
-                                     finalization=self.finalization, publish=self._publish,
-                                     clients=self.clients, stats=stats, fatal=lambda: self._fatal,
-                                     declare_fatal=self._declare_fatal)
-        self.backpressure = BackPressure(
-            cfg, partitions=parts, pauses=self.pauses, stats=stats, holdings=self.holdings,
-            busy=lambda: self.finalization.busy or self.publication.in_flight)
+                                   partitions=parts, clients=self.clients, stats=stats)
+        self.finalization = Finalization(workers=self.pool, max_inflight=cfg.max_inflight_groups,
+                                         routes_mode=_routes_mode(cfg), partitions=parts, stats=stats)
+        self.flight = Flight(cfg, pool=self.publish_pool, stats=stats, new_publisher=self._new_publisher,
+                             recover=cfg.processing == EXACTLY_ONCE)
+        self.publication = Publication(cfg, flight=self.flight, ledger_codec=self.codecs["LedgerEntry"],
+                                       clock=self.clock, partitions=parts, stats=stats)
+        self.assignment = Assignment(cfg, partitions=parts, clients=self.clients, stats=stats)
+        self.backpressure = BackPressure(cfg)
+
+    @property
+    def partition_count(self) -> int:
+        """Of every input topic, checked at start; records are routed by it."""
+        return self.intake.partition_count
+
+    @partition_count.setter
+    def partition_count(self, count: int) -> None:
+        self.intake.partition_count = count
 
     def holdings(self) -> Holdings:
-        """What the stage holds for unpublished groups, by where (stage.runtime.memory)."""
+        """What the stage holds for unpublished groups, by where (stage.runtime.state.memory)."""
         return Holdings(buffered=sum(s.buffered_bytes for s in self.partitions),
                         finalizing=self.finalization.working_bytes,
-                        outputs=sum(s.output_bytes for s in self.partitions),
+                        outputs=self.publication.output_bytes,
                         publishing=self.publication.publishing_bytes,
                         spilled=sum(s.spilled_bytes for s in self.partitions))
 
-    def _declare_fatal(self, fatal: exits.StageExit) -> None:
-        self._fatal = fatal
+    def budget(self) -> Budget:
+        """The snapshot the steps that must not exceed the caps are given."""
+        in_flight = self.publication.in_flight
+        return Budget(room=self.cfg.max_buffered_bytes - self.holdings().total,
+                      busy=self.finalization.busy or bool(self.publication.done) or in_flight,
+                      idle=not in_flight)
 
     # -- lifecycle -------------------------------------------------------------------------
     def stop(self) -> None:
@@ -158,7 +156,10 @@ class StageRuntime:
 
     def install_signal_handlers(self) -> None:
         for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: self.stop())
+            signal.signal(sig, self._on_signal)
+
+    def _on_signal(self, signum, frame) -> None:
+        self.stop()
 
     def start(self) -> None:
         """Check everything that would fail every group (topics, device, schemas) before
@@ -199,7 +200,7 @@ class StageRuntime:
         register_output_schemas(self.codecs, OUTPUT_RECORDS, self._stop)
         self.pool.warm()        # worker processes started before the group is joined
         try:
-            clients.publisher = self._new_publisher()
+            self.flight.start()
         except StageFatal as error:
             raise exits.kafka_fatal(f"init_transactions failed: {error}") from None
         clients.queries = BrokerQueries(cfg)
@@ -210,10 +211,11 @@ class StageRuntime:
             consumer_conf.setdefault("statistics.interval.ms", cfg.statistics_interval_ms)
             consumer_conf["stats_cb"] = self.stats.sink.librdkafka_stats
         clients.consumer = Consumer(consumer_conf)
-        # The staged-calls topic is assigned by hand (not subscribed): load its metadata now so
-        # its partitions start fetching as soon as they are assigned.
-        clients.consumer.list_topics(cfg.topics.staged_calls, timeout=10)
-        clients.consumer.subscribe([cfg.topics.receipts], on_assign=self._on_assign,
+        # The other inputs are assigned by hand (not subscribed): load their metadata now so
+        # their partitions start fetching as soon as they are assigned.
+        for topic in alongside(cfg.topics):
+            clients.consumer.list_topics(topic, timeout=10)
+        clients.consumer.subscribe([LEAD.topic(cfg.topics)], on_assign=self._on_assign,
                                    on_revoke=self._on_revoke, on_lost=self._on_lost)
         self._topology = PartitionWatch(clients.queries, self.topics, self.partition_count,
                                         _TOPOLOGY_CHECK_S)
@@ -250,12 +252,14 @@ class StageRuntime:
         before = self.stats.total("groups_published")
         try:
             if self._fatal is None:
-                for p in self.partitions.numbers():
-                    self.pauses.hold(p, SHUTDOWN)
-                self.pauses.apply(consumer, self.partitions.numbers())
-                self.finalization.submit()
-                self.finalization.drain(self.cfg.revoke_budget_ms / 1000)
-                self._publish(force=True)
+                self._stopping = True
+                self.pauses.apply(consumer, self._pause_reasons())
+                self.finalization.submit(self.budget(), len(self.publication.done))
+                self.publication.offer(self.finalization.drain(self.cfg.revoke_budget_ms / 1000))
+                try:
+                    self._publish(force=True)
+                except Rewind as why:
+                    logger.warning("shutdown: %s; the next owner re-reads from the committed offsets", why)
             consumer.close()  # leaves the group (the revoke callback publishes nothing new)
         except (StageFatal, exits.StageExit, KafkaException) as error:
             logger.error("shutdown could not publish what was finished: %s", error)
@@ -270,10 +274,10 @@ class StageRuntime:
             if self.clients.queries is not None:
                 self.clients.queries.close()
             if not stuck:
-                self.clients.publisher.close()
+                self.flight.close()
             self.clients.consumer = None
             for state in self.partitions:
-                state.release_buffer()
+                state.close()
             if self.health is not None:
                 self.health.stop()
                 self.health = None
@@ -288,37 +292,107 @@ class StageRuntime:
             raise self._fatal      # also after a SIGTERM: the caller must not join the stuck thread
 
     def _unpublished(self) -> int:
-        parts = self.partitions
-        return (len(self.finalization.inflight) + parts.queued("waiting") + parts.queued("done")
-                + sum(s.open_groups for s in parts))
+        fin = self.finalization
+        return (len(fin.inflight) + len(fin.waiting) + len(self.publication.done)
+                + sum(s.open_groups for s in self.partitions))
 
     # -- one iteration ---------------------------------------------------------------------
     def step(self) -> None:
+        """One iteration; the steps' outcomes are handled here: a ``Rewind`` starts every
+        partition over, a ``StageExit`` stops the stage (raised again by every later step)."""
         if self._fatal is not None:
             raise self._fatal
-        consumer = self.clients.consumer
-        messages = consumer.consume(num_messages=1000, timeout=self.cfg.poll_timeout_ms / 1000)
-        now = self.clock.now_ms()
-        self.intake.batch(messages, now)
-        self.loads.finish()
-        self.intake.resolve_schemas()
-        self.deadlines.take_ready(now)
-        self.finalization.submit()
-        self.finalization.collect()
-        self._publish()
-        self.backpressure.apply()
-        self._check_topology()
-        self.pauses.apply(consumer, self.partitions.numbers())
-        self.stats.set("paused_partitions", self.pauses.paused_count)
-        self.stats.set("inflight_groups", len(self.finalization.inflight)
-                       + self.partitions.queued("done") + self.partitions.queued("waiting"))
-        self.stats.set("schema_registry_unavailable", 1.0 if self.resolver and self.resolver.unavailable else 0.0)
+        try:
+            self._iterate()
+        except Rewind as why:
+            self._rewind(why)
+            self._settle()
+        except exits.StageExit as fatal:
+            self._fatal = fatal
+            raise
         self.stats.heartbeat()
         if self._fatal is not None:
             raise self._fatal
 
+    def _iterate(self) -> None:
+        messages = self.clients.consumer.consume(num_messages=1000,
+                                                 timeout=self.cfg.poll_timeout_ms / 1000)
+        now = self.clock.now_ms()
+        taken = self.intake.batch(messages, now, self.budget())
+        self.publication.offer_dead_letters(taken.dead_letters)
+        self.publication.offsets_moved(taken.moved)
+        self.loads.finish()
+        if self.resolver is not None:
+            self.resolver.poll()        # partitions whose schemas resolved fetch again
+        ready, moved = self.deadlines.take_ready(now, self._pause_reasons())
+        self.finalization.offer(ready)
+        self.publication.offsets_moved(moved)
+        self.finalization.submit(self.budget(), len(self.publication.done))
+        self.publication.offer(self.finalization.poll())
+        self._publish()
+        budget = self.budget()
+        self.backpressure.apply(self.holdings(), sum(s.open_groups for s in self.partitions), budget.busy)
+        self._check_topology()
+        self._settle()
+
+    def _settle(self) -> None:
+        """Apply this iteration's pause reasons in the consumer and publish the gauges."""
+        if self.clients.consumer is not None:
+            self.pauses.apply(self.clients.consumer, self._pause_reasons())
+        self._set_gauges()
+
+    def _pause_reasons(self) -> dict:
+        pending = self.resolver.pending if self.resolver is not None else frozenset()
+        return reasons_of(self.partitions, registry_pending=pending, halted=self.finalization.halted,
+                          backpressure=self.backpressure.paused, stopping=self._stopping)
+
+    def _set_gauges(self) -> None:
+        fin, pub = self.finalization, self.publication
+        gauges = Gauges(
+            held=self.holdings(), open_groups=sum(s.open_groups for s in self.partitions),
+            paused_partitions=self.pauses.paused_count,
+            assigned_partitions=len(self.topics) * len(self.partitions),
+            inflight_groups=len(fin.inflight) + len(fin.waiting) + len(pub.done),
+            halted_partitions=len(fin.halted), deadline_held_partitions=len(self.deadlines.held),
+            schema_registry_unavailable=self.resolver is not None and self.resolver.unavailable)
+        for name, value in gauges.values().items():
+            self.stats.set(name, value)
+
     def _publish(self, force: bool = False) -> None:
-        self.publication.publish(force)
+        """The publication step; a StageExit it raises is remembered (shutdown then publishes
+        nothing more and does not join a stuck thread)."""
+        try:
+            self.publication.publish(self.clients.consumer, force)
+        except exits.StageExit as fatal:
+            self._fatal = fatal
+            raise
+
+    def _rewind(self, why) -> None:
+        """After an aborted or replaced transaction (or a failed seek): forget all derived
+        state and re-read every assigned partition from its committed offsets (its ledger is
+        reloaded too)."""
+        logger.warning("rewinding every partition to its committed offsets (%s)", why)
+        numbers = self.partitions.numbers()
+        self._forget(numbers)
+        for p in numbers:
+            self.loads.start(p)
+        if self.clients.consumer is not None:
+            self.pauses.apply(self.clients.consumer, self._pause_reasons())
+            self.assignment.seek_committed()
+
+    def _forget(self, numbers, *, dropped: bool = False) -> None:
+        """What the steps hold for these partitions goes: they left (``dropped``) or are
+        reloaded."""
+        self.finalization.forget(numbers)
+        self.publication.forget(numbers)
+        if dropped:
+            self.deadlines.forget(numbers)
+            if self.resolver is not None:
+                self.resolver.forget(numbers)
+            if self.clients.start_offsets is not None:
+                for topic in self.topics:
+                    for p in numbers:
+                        self.clients.start_offsets.forget(topic, p)
 
     def _check_topology(self) -> None:
         if self._topology is None or self._fatal is not None:
@@ -330,13 +404,52 @@ class StageRuntime:
 
     # -- rebalance callbacks (registered with the consumer) --------------------------------
     def _on_assign(self, consumer, partitions) -> None:
-        self.assignment.on_assign(consumer, partitions)
+        self.stats.inc("rebalances", kind="assign")
+        new = self.assignment.add(partitions)
+        beyond = [p for p in new if p >= self.partition_count]
+        if beyond and self._fatal is None:
+            self._fatal = repartitioned(LEAD.topic(self.cfg.topics), self.partition_count, max(beyond) + 1)
+        for p in new:
+            self.loads.start(p)
+        self.assignment.assign(consumer, partitions)
+        self.pauses.apply(consumer, self._pause_reasons())   # loading partitions fetch nothing yet
+        self._set_gauges()
+        logger.info("assigned partitions %s (now holding %s); loading their ledgers", new,
+                    self.partitions.numbers())
 
     def _on_revoke(self, consumer, partitions) -> None:
-        self.assignment.on_revoke(consumer, partitions)
+        """Cooperative revoke: publish what is finished for these partitions within the budget
+        (the new owner re-reads the rest from the committed offsets), then let them go."""
+        self.stats.inc("rebalances", kind="revoke")
+        revoked = {tp.partition for tp in partitions}
+        before = self.stats.total("groups_published")
+        if self._fatal is None:   # after a fatal error nothing more is published: just let go
+            self.publication.offer(self.finalization.drain(self.cfg.revoke_budget_ms / 1000, only=revoked))
+            try:
+                self._publish(force=True)
+            except Rewind as why:
+                self._rewind(why)   # the partitions kept start over; the revoked ones go now
+        left = sum(s.open_groups for s in self.partitions if s.number in revoked)
+        self._let_go(consumer, partitions)
+        logger.info("revoked partitions %s: published %d finished groups first, %d open groups left "
+                    "to the next owner; now holding %s", sorted(revoked),
+                    self.stats.total("groups_published") - before, left, self.partitions.numbers())
 
     def _on_lost(self, consumer, partitions) -> None:
-        self.assignment.on_lost(consumer, partitions)
+        """Lost partitions may already be owned by another member: publish nothing for them."""
+        self.stats.inc("rebalances", kind="lost")
+        self._let_go(consumer, partitions)
+        logger.warning("lost partitions %s (session timed out or fenced): their unpublished work is "
+                       "dropped, the new owner re-reads it; now holding %s",
+                       sorted(tp.partition for tp in partitions), self.partitions.numbers())
+
+    def _let_go(self, consumer, partitions) -> None:
+        """Forget the partitions: their state, what every step holds for them, their pause
+        flags. Late results of theirs are discarded by epoch."""
+        numbers = self.assignment.remove(consumer, partitions)
+        self._forget(numbers, dropped=True)
+        self.pauses.apply(consumer, self._pause_reasons())
+        self._set_gauges()
 
     # -- what it holds, for readiness, tests and operators ---------------------------------
     @property
@@ -345,7 +458,7 @@ class StageRuntime:
 
     @property
     def publisher(self):
-        return self.clients.publisher
+        return self.flight.publisher
 
     @property
     def buffers(self) -> dict:
@@ -355,7 +468,7 @@ class StageRuntime:
     @property
     def halted(self) -> dict[int, str]:
         """Partition -> why finalization stopped there."""
-        return {s.number: s.halted for s in self.partitions if s.halted is not None}
+        return dict(self.finalization.halted)
 
     def readiness(self) -> tuple[bool, str]:
         if not len(self.partitions):
@@ -372,8 +485,8 @@ class StageRuntime:
         if stuck is not None:
             return False, stuck
         pairs = len(self.partitions)
-        return True, (f"{pairs} partitions assigned: {2 * pairs} topic-partitions "
-                      "(receipts and staged calls, as the assigned_partitions gauge counts them)")
+        return True, (f"{pairs} partitions assigned: {len(self.topics) * pairs} topic-partitions "
+                      f"({' and '.join(self.topics)}, as the assigned_partitions gauge counts them)")
 
     @property
     def ready(self) -> bool:

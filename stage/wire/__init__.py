@@ -27,7 +27,7 @@ from .codec import (
 )
 from .errors import RegistryError, SchemaNotCached, WireError
 from .schemas import SCHEMAS_DIR_ENV, schema, schema_json, schema_names, schemas_dir
-from .topics import TOPIC_RECORDS, value_subject
+from .topics import INPUT_LEDGER_FIELDS, INPUT_ROLES, OUTPUT_RECORDS, TOPIC_RECORDS, value_subject
 
 __getattr__, __dir__ = lazy_exports(__name__, globals(), {
     "tensors": ("STORAGE_DTYPES", "pack_tensor", "unpack_tensor", "unpack_torch"),
@@ -41,5 +41,6 @@ __all__ = [
     "STORAGE_DTYPES", "pack_tensor", "unpack_tensor", "unpack_torch",
     "RECEIPTS_TOPIC", "STAGED_CALLS_TOPIC", "CANONICAL_ROWS_TOPIC", "ROUTE_PLANS_TOPIC",
     "FINALIZED_GROUPS_TOPIC", "DEAD_LETTER_TOPIC", "STAGE_LEDGER_TOPIC", "TOPIC_RECORDS",
+    "INPUT_LEDGER_FIELDS", "INPUT_ROLES", "OUTPUT_RECORDS",
     "TopicNames", "value_subject",
 ]

@@ -14,6 +14,19 @@ TOPIC_RECORDS: dict[str, str | None] = {
     "stage_ledger": "LedgerEntry",
 }
 
+# The input roles, each with the LedgerEntry field that holds the highest offset of a group's
+# records of that role (and, under the dead-letter watermark key, the highest offset
+# dead-lettered). The runtime's table of input kinds (stage.runtime.state.inputs) has one row
+# per role here.
+INPUT_LEDGER_FIELDS: dict[str, str] = {
+    "receipts": "max_receipt_offset",
+    "staged_calls": "max_staged_offset",
+}
+INPUT_ROLES: tuple[str, ...] = tuple(INPUT_LEDGER_FIELDS)
+# The records the stage publishes (their schemas are registered at start).
+OUTPUT_RECORDS: tuple[str, ...] = tuple(
+    record for role, record in TOPIC_RECORDS.items() if record and role not in INPUT_LEDGER_FIELDS)
+
 
 
 def value_subject(topic: str) -> str:

@@ -278,7 +278,7 @@ def test_every_reader_limit_follows_max_record_bytes(monkeypatch, max_record_byt
     import stage.client.reader as reader_module
     import stage.client.route_fetch as fetch_module
     from stage.config.model import StageConfig
-    from stage.runtime.clients import consumer_config
+    from stage.runtime.kafka.clients import consumer_config
 
     class Captured:
         confs = []

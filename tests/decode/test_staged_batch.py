@@ -11,7 +11,7 @@ from stage.buffer import Position
 from stage.client import staged_call_from_record
 from stage.decode import staged_item, staged_row
 from stage.decode.staged_batch import staged_rows
-from stage.runtime.source import BufferTokenSource
+from stage.runtime.task.source import BufferTokenSource
 from stage.wire import AvroCodec, pack_tensor
 from stage.workload import WorkloadConfig, generate
 

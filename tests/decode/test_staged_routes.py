@@ -16,8 +16,8 @@ from stage.decode.receipts import receipt_item
 from stage.decode.staged import DECODED_OVERHEAD_BYTES, RELEASED_ROUTES, ReleasedRoutes
 from stage.finalize import ReassemblyConfig
 from stage.routes import RouteDimsCache
-from stage.runtime.worker import finalize_and_encode
-from stage.wire import AvroCodec, TopicNames, pack_tensor
+from stage.runtime.task.finalize_task import finalize_and_encode
+from stage.wire import OUTPUT_RECORDS, AvroCodec, TopicNames, pack_tensor
 from stage.workload import FaultRates, WorkloadConfig, generate
 from stage.workload.faults import tamper_staged_value
 
@@ -168,7 +168,7 @@ def test_released_groups_publish_byte_identical_records(routes):
     wl = generate(WorkloadConfig(groups=6, group_size=3, route_layers=3, route_topk=2, seed=4, faults=faults))
     config = ReassemblyConfig(router_replay=routes == "deferred", defer_routes=routes == "deferred",
                               staging_partition=TOPICS.staged_calls)
-    codecs = {n: AvroCodec(n) for n in ("CanonicalRow", "RoutePlan", "GroupSummary", "LedgerEntry")}
+    codecs = {n: AvroCodec(n) for n in OUTPUT_RECORDS}
     rejected = 0
     for group in wl.groups:
         outputs = []

@@ -110,7 +110,7 @@ def test_produce_only_feeds_the_standard_topic_layout_for_a_stage_running_elsewh
                        progress=False, route_mode="direct")
     from confluent_kafka.admin import AdminClient
     from stage.config.model import StageConfig
-    from stage.runtime.topics import create_topics
+    from stage.runtime.kafka.topics import create_topics
     from stage.wire import TopicNames
     topics = TopicNames(**{k: f"po.{v}" for k, v in TopicNames().all().items()})
     create_topics(AdminClient({"bootstrap.servers": tansu.bootstrap}),

@@ -20,7 +20,7 @@ import pytest
 from confluent_kafka.admin import AdminClient
 
 from stage.finalize import ReassemblyConfig
-from stage.runtime.topics import create_topics, durability_warnings
+from stage.runtime.kafka.topics import create_topics, durability_warnings
 from stage.wire import AvroCodec
 from tests.faults.procs import StageProcess, SummaryWatcher, assert_exactly_once, read_outputs
 from tests.integration.harness import (

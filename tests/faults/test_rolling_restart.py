@@ -4,7 +4,7 @@ once, and the same stage process throughout.
 
 Restarting the broker that coordinates the stage's consumer group can make librdkafka 2.16 hang
 in send_offsets_to_transaction (librdkafka #5511); the stage replaces the stuck producer in
-process (stage.runtime.publication). Every Kafka upgrade or config change is such a restart, so
+process (stage.runtime.steps.publication). Every Kafka upgrade or config change is such a restart, so
 this runs in CI (about 3 minutes, three JVMs).
 """
 
@@ -17,7 +17,7 @@ from confluent_kafka.admin import AdminClient
 
 from stage.finalize import ReassemblyConfig
 from stage.brokers.kraft import KraftCluster, jars_available
-from stage.runtime.topics import create_topics
+from stage.runtime.kafka.topics import create_topics
 from tests.faults.procs import StageProcess, SummaryWatcher, assert_exactly_once, read_outputs
 from tests.integration.harness import Feeder, make_group, stage_config, unique_topics
 

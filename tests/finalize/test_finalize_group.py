@@ -489,7 +489,7 @@ def test_rejections_are_logged_even_when_the_group_drops(source, caplog):
 
 @pytest.mark.parametrize("value", ["WARNING", "off", "40"])
 def test_the_rejection_log_is_silenced_by_its_level(source, caplog, value):
-    from stage.runtime.logs import apply_rejection_log_level
+    from stage.runtime.kafka.logs import apply_rejection_log_level
     caplog.set_level(logging.INFO)
     log = logging.getLogger(REJECTION_LOGGER)
     before = log.level

@@ -1,9 +1,9 @@
 """The stage's own intake and finalize code, driven without a broker.
 
 ``Driver`` holds a ``StageRuntime`` that is never started (no Kafka client exists): each input
-record becomes a message the runtime's intake step (``stage.runtime.intake.Intake.record``:
+record becomes a message the runtime's intake step (``stage.runtime.steps.intake.Intake.record``:
 decode, routing check, buffer, dead letter) consumes as the loop would; ready groups go
-through ``stage.runtime.worker.finalize_and_encode`` exactly as the loop submits them, and a
+through ``stage.runtime.task.finalize_task.finalize_and_encode`` exactly as the loop submits them, and a
 group that comes back with an error halts its partition, as the loop's publication step does.
 What happened to every record, by its offset, and what every group published is recorded for
 the invariants (tests/fuzz/invariants.py).
@@ -20,7 +20,7 @@ from stage.config.model import StageConfig
 from stage.finalize import ReassemblyConfig
 from stage.routes import RouteDimsCache
 from stage.runtime.loop import StageRuntime
-from stage.runtime.worker import Outputs, finalize_and_encode
+from stage.runtime.task.finalize_task import Outputs, finalize_and_encode
 from stage.wire.partitioner import partition_for
 from tests.fuzz.traffic import PARTITIONS, RECEIPTS, Wire
 
@@ -145,12 +145,12 @@ class Driver:
         offsets[(topic, partition)] += 1
         fate = Fate(wire, topic, partition, offset)
         buffer = rt.buffers[partition]
-        before, letters = Counter(buffer.counts), len(rt.partitions.items("dead_letters"))
+        before = Counter(buffer.counts)
         message = Message(topic, partition, offset, wire.key, wire.value, now)
         if measure_memory:
             tracemalloc.start()
         try:
-            rt.intake.record(message, now)
+            letter = rt.intake.record(message, now)
         except BaseException as error:   # noqa: BLE001 - an invariant violation, reported
             fate.outcome, fate.reason = "raised", f"{type(error).__name__}: {error}"
             return fate
@@ -158,9 +158,7 @@ class Driver:
             if measure_memory:
                 fate.peak_bytes = tracemalloc.get_traced_memory()[1]
                 tracemalloc.stop()
-        dead_letters = rt.partitions.get(partition).dead_letters
-        if len(rt.partitions.items("dead_letters")) > letters:
-            letter = dead_letters[-1][1]
+        if letter is not None:
             fate.outcome, fate.reason, fate.text = "dead_letter", letter.error_class, letter.error
             return fate
         diff = Counter(buffer.counts)

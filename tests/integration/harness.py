@@ -19,7 +19,7 @@ from stage.finalize import GroupFinalizer, InMemoryTokenSource, ReassemblyConfig
 from stage.publish.records import row_record
 from stage.config.model import StageConfig
 from stage.runtime.loop import StageRuntime
-from stage.runtime.topics import create_topics
+from stage.runtime.kafka.topics import create_topics
 from stage.wire import AvroCodec, TopicNames
 from stage.wire.partitioner import LIBRDKAFKA_PARTITIONER
 

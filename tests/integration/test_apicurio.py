@@ -176,7 +176,7 @@ def test_the_project_reader_and_the_operator_commands_read_through_the_authentic
     assert sorted(got) == sorted(g.group_id for g in groups)
     from stage.debug.inspect_group import GroupInspector
     from stage.debug.kafka import PartitionReader, Progress
-    from stage.runtime.registry import build_codecs
+    from stage.runtime.kafka.registry import build_codecs
     part = PartitionReader(cfg, "inspect", Progress(False))
     try:
         report = GroupInspector(cfg, part, build_codecs(cfg)).report(groups[0].group_id)
@@ -252,7 +252,7 @@ def test_without_the_credentials_the_stage_refuses_to_start_at_once(kafka, apicu
 
 def test_a_reader_the_registry_refuses_waits_instead_of_dead_lettering(apicurio):
     """401 on a lookup says nothing about the record: the loop holds it (retriable)."""
-    from stage.runtime.registry import registry_client
+    from stage.runtime.kafka.registry import registry_client
     from stage.wire import RegistryError
     client = _client(apicurio)
     schema_id = client.register_schema(f"probe-{uuid.uuid4().hex[:6]}-value",

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from stage.client import CanonicalReader, StagingProducer
-from stage.runtime.registry import registry_client
+from stage.runtime.kafka.registry import registry_client
 from tests.integration.harness import (
     RunningStage, make_group, send_group, setup_topics, stage_config, unique_topics,
 )

@@ -69,8 +69,8 @@ def _settled(runtime, produced: int) -> bool:
         raise AssertionError(f"a partition halted: {runtime.halted}")
     return (runtime.stats.total("records_consumed") >= produced
             and not any(b.open_groups for b in runtime.buffers.values())
-            and not (runtime.finalization.busy or runtime.publication.in_flight
-                     or runtime.partitions.queued("dead_letters")))
+            and not (runtime.finalization.busy or runtime.publication.done or runtime.publication.in_flight
+                     or runtime.publication.dead_letters))
 
 
 def test_every_hostile_and_valid_record_is_accounted_for_by_offset(kafka):

@@ -7,7 +7,7 @@ routes; the spill directory is empty once the stage stops."""
 import pytest
 
 from stage.finalize import ReassemblyConfig
-from stage.runtime.intake import SPILLED_ITEM_BYTES
+from stage.runtime.steps.intake import SPILLED_ITEM_BYTES
 from stage.wire import AvroCodec
 from tests.integration.harness import (
     Feeder, RunningStage, expected_rows, make_group, read_all, rows_by_group, setup_topics, stage_config,

@@ -4,7 +4,7 @@ abort-and-rewind after a failed transaction, at-least-once mode, and back-pressu
 import pytest
 
 from stage.finalize import ReassemblyConfig
-from stage.runtime.pauses import BACKPRESSURE
+from stage.runtime.state.pauses import BACKPRESSURE
 from stage.publish import PublishAborted
 from stage.wire import AvroCodec
 from tests.integration.harness import (
@@ -115,20 +115,16 @@ def test_back_pressure_pauses_at_the_cap_and_still_publishes_everything(kafka):
     paused = []
     stage = RunningStage(cfg)
     pauses = stage.runtime.pauses
-    hold, release = pauses.hold, pauses.release_everywhere
+    apply = pauses.apply
 
-    def spy_hold(partition, reason):
-        if reason == BACKPRESSURE:
-            paused.append(True)
-        hold(partition, reason)
-
-    def spy_release(reason):
-        if reason == BACKPRESSURE:
-            paused.append(False)
-        release(reason)
+    def spy_apply(consumer, reasons):   # each change of the BACKPRESSURE reason
+        now = any(BACKPRESSURE in why for why in reasons.values())
+        if now != (paused[-1] if paused else False):
+            paused.append(now)
+        apply(consumer, reasons)
 
     # before the loop starts: the cap is hit on the first batch
-    pauses.hold, pauses.release_everywhere = spy_hold, spy_release
+    pauses.apply = spy_apply
     with stage:
         stage.wait(lambda: stage.runtime.stats.total("groups_published") >= 20, 90, "all groups")
     assert True in paused and False in paused          # paused at the cap, resumed when drained

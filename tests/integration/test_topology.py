@@ -9,7 +9,7 @@ from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, C
 from stage.cli import main
 from stage.runtime.exits import EXIT_TOPOLOGY, StageExit
 from stage.runtime.loop import StageRuntime
-from stage.runtime.topics import TopologyError, check_copartitioning, create_topics, durability_warnings
+from stage.runtime.kafka.topics import TopologyError, check_copartitioning, create_topics, durability_warnings
 from tests.integration.harness import ONE_BROKER, stage_config, unique_topics
 
 

@@ -134,7 +134,7 @@ def test_static_membership_uses_the_pod_name_and_its_session_timeout():
     docs = render(STATIC)
     env = {e["name"]: e for e in container(docs)["env"]}
     assert env["ROLLOUT_REASSEMBLER_CONSUMER__GROUP_INSTANCE_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
-    from stage.runtime.clients import consumer_config
+    from stage.runtime.kafka.clients import consumer_config
     cfg = load_stage_config(stage_yaml(docs), {k: v for k, v in pod_env(docs).items() if k != "POD_NAME"})
     consumer = consumer_config(cfg)
     assert consumer["group.instance.id"] == POD_NAME == cfg.effective_transactional_id

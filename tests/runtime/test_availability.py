@@ -4,7 +4,7 @@ resolves, on a manual clock."""
 from concurrent.futures import Future
 
 from stage.buffer import ManualClock
-from stage.runtime.availability import EndOffsetProbe, StartOffsets
+from stage.runtime.kafka.availability import EndOffsetProbe, StartOffsets
 
 R = ("r", 0)
 

@@ -6,7 +6,7 @@ import logging
 import pytest
 
 from stage.finalize import ReassemblyConfig
-from stage.runtime.clients import consumer_config, producer_config
+from stage.runtime.kafka.clients import consumer_config, producer_config
 from stage.config.model import AT_LEAST_ONCE, StageConfig, load_config
 from stage.wire import TopicNames
 
@@ -192,7 +192,7 @@ def test_replace_validates():
 
 
 def test_rejection_log_level_variable_is_not_a_setting_and_is_checked():
-    from stage.runtime.logs import rejection_log_level
+    from stage.runtime.kafka.logs import rejection_log_level
     load_config(None, {"ROLLOUT_REASSEMBLER_REJECTION_LOG_LEVEL": "OFF"})   # accepted, not a setting
     assert rejection_log_level("warning") == logging.WARNING
     assert rejection_log_level(" off ") > logging.CRITICAL

@@ -12,10 +12,12 @@ from types import SimpleNamespace
 
 from stage.decode import InputLimits
 from stage.finalize import ReassemblyConfig
-from stage.runtime.finalization import Finalization
-from stage.runtime.partition import Partitions
-from stage.runtime.pauses import HALTED, PauseSet
-from stage.runtime.workers import ProcessWorkers
+from stage.runtime.state.partition import Partitions
+from stage.runtime.state.pauses import HALTED, reasons_of
+from stage.runtime.steps.deadlines import Ready
+from stage.runtime.steps.finalization import Finalization
+from stage.runtime.steps.outcomes import Budget
+from stage.runtime.task.pools import ProcessWorkers
 from tests.fuzz.driver import Driver
 from tests.fuzz.traffic import valid_traffic, workload_config
 
@@ -51,20 +53,19 @@ class DyingWorkers:
 
 
 def test_a_group_whose_worker_dies_is_tried_again_once_then_halts_its_partition():
-    parts, pauses, workers = Partitions(), PauseSet(("r", "s")), DyingWorkers()
+    parts, workers = Partitions(), DyingWorkers()
     state = parts.add(0)
-    pauses.adopt(0, state.paused_for)
     group = SimpleNamespace(group_id="g", partition=0, nbytes=10)
-    state.waiting.append((parts.stamp(), (group, "complete", state.epoch)))
     fin = Finalization(workers=workers, max_inflight=8, routes_mode="off", partitions=parts,
-                       pauses=pauses, stats=Stats())
-    fin.submit()
-    fin.collect()                                   # the first death: back in the queue
-    assert state.halted is None and len(state.waiting) == 1 and workers.restarts == 1
-    fin.submit()
-    fin.collect()                                   # the second: the partition halts
-    assert workers.submitted == ["g", "g"] and state.halted.startswith("group g: finalize_error: worker")
-    assert pauses.why(0) == {HALTED} and not state.waiting
+                       stats=Stats())
+    fin.offer([Ready(group, "complete", state.epoch)])
+    fin.submit(Budget())
+    assert fin.poll() == []                         # the first death: back in the queue
+    assert fin.halted == {} and len(fin.waiting) == 1 and workers.restarts == 1
+    fin.submit(Budget())
+    assert fin.poll() == []                         # the second: the partition halts
+    assert workers.submitted == ["g", "g"] and fin.halted[0].startswith("group g: finalize_error: worker")
+    assert reasons_of(parts, halted=fin.halted)[0] == {HALTED} and not fin.waiting
 
 
 def _one_group():

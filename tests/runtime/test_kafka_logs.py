@@ -5,8 +5,8 @@ suppressed."""
 import logging
 
 from stage.config.model import StageConfig
-from stage.runtime.clients import consumer_config, producer_config
-from stage.runtime.logs import KAFKA_LOGGER, RateLimit
+from stage.runtime.kafka.clients import consumer_config, producer_config
+from stage.runtime.kafka.logs import KAFKA_LOGGER, RateLimit
 
 
 def _record(text: str) -> logging.LogRecord:

@@ -7,11 +7,13 @@ from concurrent.futures import Future
 from types import SimpleNamespace
 
 from stage.config.model import StageConfig
-from stage.runtime.backpressure import BackPressure
-from stage.runtime.finalization import Finalization
-from stage.runtime.memory import Holdings, working_set
-from stage.runtime.partition import Partitions, output_bytes
-from stage.runtime.pauses import BACKPRESSURE, PauseSet
+from stage.runtime.state.memory import Holdings, working_set
+from stage.runtime.state.partition import Partitions
+from stage.runtime.steps.backpressure import BackPressure
+from stage.runtime.steps.deadlines import Ready
+from stage.runtime.steps.finalization import Finalization
+from stage.runtime.steps.outcomes import Budget
+from stage.runtime.steps.publication import output_bytes
 
 
 class Stats:
@@ -43,31 +45,42 @@ def _group(group_id, nbytes, partition=0):
 
 def test_outputs_and_the_flight_count_toward_the_cap_not_only_the_buffers():
     cfg = StageConfig(bootstrap_servers="x:1", max_buffered_bytes=1000)
-    parts, pauses, stats = Partitions(), PauseSet(("r", "s")), Stats()
-    parts.add(0)
     held = Holdings(buffered=300, finalizing=200, outputs=300, publishing=250)
-    bp = BackPressure(cfg, partitions=parts, pauses=pauses, stats=stats, busy=lambda: True,
-                      holdings=lambda: held)
-    bp.apply()
-    assert pauses.why(0) == {BACKPRESSURE}      # 300 buffered alone is under the cap; 1050 held is not
-    assert stats.gauges["held_bytes"] == 1050 and stats.gauges["buffered_bytes"] == 300
+    bp = BackPressure(cfg)
+    bp.apply(held, open_groups=1, busy=True)
+    assert bp.paused                            # 300 buffered alone is under the cap; 1050 held is not
+    assert held.total == 1050
+    between = int(1000 * (1 + cfg.resume_fraction) / 2)
+    bp.apply(Holdings(buffered=between), open_groups=1, busy=True)
+    assert bp.paused                            # under the cap but above resume_fraction of it
+    bp.apply(Holdings(buffered=int(1000 * cfg.resume_fraction) - 1), open_groups=1, busy=True)
+    assert not bp.paused                        # drained
+
+
+def test_back_pressure_never_pauses_a_buffer_that_waits_only_for_input():
+    bp = BackPressure(StageConfig(bootstrap_servers="x:1", max_buffered_bytes=1000))
+    bp.apply(Holdings(buffered=5000), open_groups=3, busy=False)
+    assert not bp.paused                        # nothing finalizing or publishing: keep reading
 
 
 def test_a_group_starts_finalizing_only_when_its_working_set_fits():
     parts, pool = Partitions(), Workers()
     state = parts.add(0)
-    for name, size in [("big", 600), ("small", 100)]:
-        state.waiting.append((parts.stamp(), (_group(name, size), "complete", state.epoch)))
     cap = working_set(600, "direct") - 1            # not enough for the oldest
     fin = Finalization(workers=pool, max_inflight=64, routes_mode="direct", partitions=parts,
-                       pauses=PauseSet(("r", "s")), stats=Stats(), room=lambda: cap - fin.working_bytes)
+                       stats=Stats())
+    fin.offer([Ready(_group(name, size), "complete", state.epoch) for name, size in [("big", 600), ("small", 100)]])
+
+    def budget():
+        return Budget(room=cap - fin.working_bytes)
+
     fin.inflight[(0, "other")] = Future()          # and something else is finalizing
-    fin.submit()
+    fin.submit(budget())
     assert pool.submitted == []                    # waits: the order is kept, nothing overtakes
     del fin.inflight[(0, "other")]
-    fin.submit()                                   # nothing else in progress: one may always start
+    fin.submit(budget())                           # nothing else in progress: one may always start
     assert pool.submitted == ["big"] and fin.working_bytes == working_set(600, "direct")
-    fin.submit()                                   # "small" waits until "big" frees its working set
+    fin.submit(budget())                           # "small" waits until "big" frees its working set
     assert pool.submitted == ["big"]
 
 

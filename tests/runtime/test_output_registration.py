@@ -8,7 +8,7 @@ import pytest
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 
 from stage.runtime.exits import EXIT_SCHEMA_REGISTRY, StageExit
-from stage.runtime.startup import register_output_schemas
+from stage.runtime.kafka.startup import register_output_schemas
 from stage.wire import AvroCodec
 
 

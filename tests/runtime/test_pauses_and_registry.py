@@ -3,8 +3,11 @@ loop, back-off through an outage) without a broker."""
 
 import time
 
-from stage.runtime.pauses import BACKPRESSURE, LOADING, REGISTRY, PauseSet
-from stage.runtime.registry import SchemaResolver
+from concurrent.futures import Future
+
+from stage.runtime.state.partition import Partitions
+from stage.runtime.state.pauses import BACKPRESSURE, HALTED, LOADING, REGISTRY, SHUTDOWN, PauseSet, reasons_of
+from stage.runtime.kafka.registry import SchemaResolver
 from stage.wire import RegistryError
 
 
@@ -19,31 +22,39 @@ class Consumer:
         self.calls.append(("resume", sorted((tp.topic, tp.partition) for tp in tps)))
 
 
+def _reasons(**held):
+    return {int(p[1:]): frozenset(why) for p, why in held.items()}
+
+
 def test_a_partition_resumes_only_when_no_reason_holds_it():
     pauses, consumer = PauseSet(("r", "s")), Consumer()
-    pauses.hold(0, LOADING)
-    pauses.hold(0, BACKPRESSURE)
-    pauses.hold(1, BACKPRESSURE)
-    pauses.apply(consumer, [0, 1])
+    pauses.apply(consumer, _reasons(p0={LOADING, BACKPRESSURE}, p1={BACKPRESSURE}))
     assert consumer.calls == [("pause", [("r", 0), ("r", 1), ("s", 0), ("s", 1)])]
-    pauses.release_everywhere(BACKPRESSURE)
-    pauses.apply(consumer, [0, 1])
+    pauses.apply(consumer, _reasons(p0={LOADING}, p1=set()))
     assert consumer.calls[-1] == ("resume", [("r", 1), ("s", 1)])   # 0 still loading
     assert pauses.why(0) == {LOADING} and pauses.paused_count == 1
-    pauses.apply(consumer, [0, 1])
+    pauses.apply(consumer, _reasons(p0={LOADING}, p1=set()))
     assert len(consumer.calls) == 2                                    # nothing changed: no call
-    pauses.release(0, LOADING)
-    pauses.apply(consumer, [0, 1])
+    pauses.apply(consumer, _reasons(p0=set(), p1=set()))
     assert consumer.calls[-1] == ("resume", [("r", 0), ("s", 0)]) and pauses.paused_count == 0
 
 
-def test_forgotten_partitions_are_not_resumed_after_they_left_the_assignment():
+def test_partitions_that_left_the_assignment_are_not_resumed():
     pauses, consumer = PauseSet(("r", "s")), Consumer()
-    pauses.hold(3, REGISTRY)
-    pauses.apply(consumer, [3])
-    pauses.forget([3])
-    pauses.apply(consumer, [])
+    pauses.apply(consumer, _reasons(p3={REGISTRY}))
+    pauses.apply(consumer, {})                      # 3 was revoked: librdkafka dropped its flags
     assert consumer.calls == [("pause", [("r", 3), ("s", 3)])] and pauses.holding(REGISTRY) == []
+    assert pauses.paused_count == 0
+
+
+def test_the_reasons_are_read_from_who_owns_each_cause():
+    parts = Partitions()
+    loading, halted, waiting, free = (parts.add(p) for p in range(4))
+    loading.load = Future()
+    reasons = reasons_of(parts, registry_pending={2}, halted={1: "group g: device"})
+    assert reasons == {0: {LOADING}, 1: {HALTED}, 2: {REGISTRY}, 3: frozenset()}
+    everywhere = reasons_of(parts, backpressure=True, stopping=True)
+    assert all(why >= {BACKPRESSURE, SHUTDOWN} for why in everywhere.values())
 
 
 class Codec:
@@ -74,10 +85,12 @@ def test_an_outage_keeps_partitions_waiting_with_back_off_then_releases_them():
     codec = Codec(failures=3)
     resolver.request(codec, 101, partition=0)
     resolver.request(codec, 101, partition=2)
+    assert resolver.pending == {0, 2}
     _wait(resolver, lambda r: resolver.unavailable)
     assert "ConnectionError" in resolver.last_error
     released = _wait(resolver, lambda r: r == {0, 2})
     assert released == {0, 2} and codec.calls == 4 and not resolver.unavailable
+    assert resolver.pending == frozenset()
     resolver.close()
 
 

@@ -13,13 +13,14 @@ import pytest
 from stage.config.model import StageConfig
 from stage.publish import Batch
 from stage.publish.transaction import FLUSH, SEND_OFFSETS
-from stage.runtime import publication as publication_module
-from stage.runtime.clients import Clients
 from stage.runtime.detached import DetachedWorker
 from stage.runtime.exits import StageExit
-from stage.runtime.partition import Partitions
-from stage.runtime.publication import Publication
+from stage.runtime.state.partition import Partitions
 from stage.runtime.stats import RuntimeStats
+from stage.runtime.steps import flight as flight_module
+from stage.runtime.steps.flight import Flight
+from stage.runtime.steps.outcomes import Rewind
+from stage.runtime.steps.publication import Publication
 
 
 class Stats(RuntimeStats):
@@ -28,22 +29,34 @@ class Stats(RuntimeStats):
                                               observe=lambda *a: None))
 
 
+class Recorder:
+    """The publish step as the loop drives it: a Rewind it raises is recorded."""
+
+    def __init__(self, pub):
+        self.pub, self.rewinds = pub, []
+
+    def publish(self, force=False):
+        try:
+            self.pub.publish(consumer=None, force=force)
+        except Rewind:
+            self.rewinds.append(1)
+
+
 def _publication(stuck_ms=1000, new_publisher=None, transaction_timeout_ms=60_000):
     cfg = StageConfig(bootstrap_servers="127.0.0.1:1", publish_stuck_ms=stuck_ms,
                       transaction_timeout_ms=transaction_timeout_ms)
-    rewinds = []
-    clients = Clients(publisher=SimpleNamespace(phase=FLUSH, phase_since=time.monotonic()))
-    pub = Publication(cfg, pool=DetachedWorker("test-publish"), clients=clients, ledger_codec=None,
-                      clock=None, partitions=Partitions(), stats=Stats(), rewind=lambda: rewinds.append(1),
-                      declare_fatal=lambda fatal: None, new_publisher=new_publisher)
-    return pub, clients, rewinds
+    flight = Flight(cfg, pool=DetachedWorker("test-publish"), stats=Stats(), new_publisher=new_publisher)
+    flight.publisher = SimpleNamespace(phase=FLUSH, phase_since=time.monotonic())
+    pub = Publication(cfg, flight=flight, ledger_codec=None, clock=None, partitions=Partitions(),
+                      stats=flight.stats)
+    return Recorder(pub), flight
 
 
-def _stuck_flight(pub, clients, phase, seconds_ago):
+def _stuck_flight(flight, phase, seconds_ago):
     future = Future()
-    pub._flight = (future, [], Batch(offsets=[object()]))
-    pub._flight_started = time.monotonic() - seconds_ago
-    clients.publisher.phase, clients.publisher.phase_since = phase, time.monotonic() - seconds_ago
+    flight.current = (future, [], Batch(offsets=[object()]))
+    flight.started_at = time.monotonic() - seconds_ago
+    flight.publisher.phase, flight.publisher.phase_since = phase, time.monotonic() - seconds_ago
     return future
 
 
@@ -64,43 +77,43 @@ def test_a_stuck_coordinator_call_is_fenced_by_a_new_publisher_and_the_stage_rew
         started.set()
         return replacement
 
-    pub, clients, rewinds = _publication(new_publisher=new_publisher)
-    stuck = clients.publisher
-    _stuck_flight(pub, clients, SEND_OFFSETS, 2.0)
-    assert "publication stuck in send_offsets_to_transaction" in pub.stuck()
+    pub, flight = _publication(new_publisher=new_publisher)
+    stuck = flight.publisher
+    _stuck_flight(flight, SEND_OFFSETS, 2.0)
+    assert "publication stuck in send_offsets_to_transaction" in flight.stuck()
     pub.publish()                                   # starts the replacement off the loop thread
-    assert started.wait(5) and "replacing the producer" in pub.stuck()
-    _until(lambda: pub._replacing.done())
+    assert started.wait(5) and "replacing the producer" in flight.stuck()
+    _until(lambda: flight.replacing.done())
     pub.publish()                                   # lands the replacement
-    assert clients.publisher is replacement and pub._abandoned == [stuck]
-    assert pub._flight is None and rewinds == [1] and pub.pool.abandoned == 1
-    assert pub.stuck() is None and pub.stats.total("publication_recoveries") == 1
+    assert flight.publisher is replacement and flight.abandoned == [stuck]
+    assert flight.current is None and pub.rewinds == [1] and flight.pool.abandoned == 1
+    assert flight.stuck() is None and flight.stats.total("publication_recoveries") == 1
 
 
 def test_a_slow_flush_is_not_a_stuck_call():
-    pub, clients, rewinds = _publication(new_publisher=lambda: pytest.fail("must not replace"))
-    _stuck_flight(pub, clients, FLUSH, 5.0)         # producing a large batch for 5 s
+    pub, flight = _publication(new_publisher=lambda: pytest.fail("must not replace"))
+    _stuck_flight(flight, FLUSH, 5.0)               # producing a large batch for 5 s
     pub.publish()
-    assert pub.stuck() is None and pub._replacing is None and rewinds == []
+    assert flight.stuck() is None and flight.replacing is None and pub.rewinds == []
 
 
 def test_a_forced_publish_recovers_a_stuck_flight_instead_of_waiting_out_the_timeout():
-    pub, clients, rewinds = _publication(new_publisher=lambda: SimpleNamespace(phase="idle", phase_since=0))
-    _stuck_flight(pub, clients, SEND_OFFSETS, 2.0)
+    pub, flight = _publication(new_publisher=lambda: SimpleNamespace(phase="idle", phase_since=0))
+    _stuck_flight(flight, SEND_OFFSETS, 2.0)
     began = time.monotonic()
     pub.publish(force=True)                         # a revoke or shutdown
-    assert time.monotonic() - began < 5 and pub._flight is None and rewinds == [1]
+    assert time.monotonic() - began < 5 and flight.current is None and pub.rewinds == [1]
 
 
 def test_without_a_replacement_the_stage_stops_at_the_stall_deadline(monkeypatch):
-    monkeypatch.setattr(publication_module, "_ABORT_SWEEP_S", 0.0)
+    monkeypatch.setattr(flight_module, "_ABORT_SWEEP_S", 0.0)
 
     def never_ready():
         from confluent_kafka import KafkaError, KafkaException
         raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "brokers down", retriable=True))
 
-    pub, clients, rewinds = _publication(new_publisher=never_ready, transaction_timeout_ms=1000)
-    _stuck_flight(pub, clients, SEND_OFFSETS, 0.5)
+    pub, flight = _publication(new_publisher=never_ready, transaction_timeout_ms=1000)
+    _stuck_flight(flight, SEND_OFFSETS, 0.5)
     with pytest.raises(StageExit) as stop:
         pub.publish(force=True)
-    assert stop.value.abandon_threads and "#5511" in str(stop.value) and rewinds == []
+    assert stop.value.abandon_threads and "#5511" in str(stop.value) and pub.rewinds == []

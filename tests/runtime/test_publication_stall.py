@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from stage.runtime import publication
+from stage.runtime.steps import flight
 from stage.runtime.exits import EXIT_KAFKA_FATAL, StageExit
 from stage.publish import Batch
 from stage.config.model import StageConfig
@@ -19,7 +19,7 @@ from stage.runtime.loop import StageRuntime
 
 @pytest.fixture
 def runtime(monkeypatch):
-    monkeypatch.setattr(publication, "_ABORT_SWEEP_S", 0.0)
+    monkeypatch.setattr(flight, "_ABORT_SWEEP_S", 0.0)
     rt = StageRuntime(StageConfig(bootstrap_servers="127.0.0.1:1", transaction_timeout_ms=1000))
     yield rt
     rt.pool.shutdown(wait=False)
@@ -29,8 +29,8 @@ def runtime(monkeypatch):
 
 def _in_flight(rt, started_ago: float) -> Future:
     future = Future()
-    rt.publication._flight = (future, [], Batch(offsets=[object()]))
-    rt.publication._flight_started = time.monotonic() - started_ago
+    rt.flight.current = (future, [], Batch(offsets=[object()]))
+    rt.flight.started_at = time.monotonic() - started_ago
     return future
 
 
@@ -38,7 +38,7 @@ def test_a_publication_past_the_transaction_timeout_stops_the_stage(runtime):
     _in_flight(runtime, 0.2)
     runtime._publish()                                  # young: the loop goes on
     assert runtime._fatal is None
-    runtime.publication._flight_started -= 1.0                      # now past transaction_timeout_ms
+    runtime.flight.started_at -= 1.0                    # now past transaction_timeout_ms
     with pytest.raises(StageExit) as stop:
         runtime._publish()
     assert stop.value.code == EXIT_KAFKA_FATAL and stop.value.abandon_threads
@@ -48,7 +48,7 @@ def test_a_publication_past_the_transaction_timeout_stops_the_stage(runtime):
 
 def test_a_forced_publish_waits_only_until_the_limit(runtime):
     future = _in_flight(runtime, 0.5)
-    runtime.clients.publisher = SimpleNamespace(commit_offsets=lambda batch, consumer: None)
+    runtime.flight.publisher = SimpleNamespace(commit_offsets=lambda batch, consumer: None)
     threading.Timer(5.0, future.set_result, args=(5.0,)).start()   # a waiter without a limit fails
     started = time.monotonic()
     with pytest.raises(StageExit):
@@ -59,12 +59,12 @@ def test_a_forced_publish_waits_only_until_the_limit(runtime):
 def test_a_slow_publication_that_finishes_in_time_lands(runtime, monkeypatch):
     future = _in_flight(runtime, 0.0)
     landed = []
-    runtime.clients.publisher = SimpleNamespace(commit_offsets=lambda batch, consumer: None)
+    runtime.flight.publisher = SimpleNamespace(commit_offsets=lambda batch, consumer: None)
     monkeypatch.setattr(runtime.publication, "_remember_committed", lambda offsets: landed.append(offsets))
     threading.Timer(0.3, future.set_result, args=(0.3,)).start()
-    monkeypatch.setattr(runtime.publication, "_next_batch", lambda force: None)
+    monkeypatch.setattr(runtime.publication, "_next_batch", lambda consumer, force: None)
     runtime._publish(force=True)
-    assert runtime._fatal is None and runtime.publication._flight is None and len(landed) == 1
+    assert runtime._fatal is None and runtime.flight.current is None and len(landed) == 1
 
 
 def test_a_revoke_after_the_stall_lets_the_partitions_go_without_publishing(runtime):

@@ -5,7 +5,7 @@ import pytest
 
 from stage.client.registry import schema_registry_client
 from stage.config.model import StageConfig, load_config
-from stage.runtime.registry import build_codecs, registry_client
+from stage.runtime.kafka.registry import build_codecs, registry_client
 
 SECRET = "pw-7f3a9c"
 ENV = {"ROLLOUT_REASSEMBLER_FRAMING": "confluent",

@@ -17,7 +17,7 @@ from stage.finalize.failures import HALT_CAUSES
 from stage.publish.records import STAGING_KEYS_OMITTED
 from stage.routes import RouteDimsCache
 from stage.runtime.loop import build_codecs
-from stage.runtime.worker import finalize_and_encode
+from stage.runtime.task.finalize_task import finalize_and_encode
 from stage.wire import AvroCodec
 from tests.integration.harness import expected_rows, make_group
 

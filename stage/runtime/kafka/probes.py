@@ -15,7 +15,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 from confluent_kafka import Consumer, TopicPartition
 
-from stage.runtime.clients import common
+from stage.runtime.kafka.clients import common
 from stage.config.model import StageConfig
 
 

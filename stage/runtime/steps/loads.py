@@ -1,10 +1,12 @@
-"""The ledger-load step: a newly assigned (or rewound) partition stays paused while its ledger
-loads on a loader thread; once loaded it gets a fresh buffer that knows the groups already
-published ahead of the committed offsets, and its dead-letter watermarks.
+"""The ledger-load step: a newly assigned (or rewound) partition is not fetched while its ledger
+loads on a loader thread (its state's ``load`` is the LOADING pause); once loaded it gets a
+fresh buffer that knows the groups already published ahead of the committed offsets, and its
+dead-letter marks.
 
-Touches, of the partition: ``epoch``, ``load``, ``buffer`` (with its spill store under this
-replica's spill directory), ``dead_letter_marks`` and its LOADING pause. Uses: the loader pool, the ledger codec, the start offsets (forgotten at each
-load: the fetch restarts from the committed offset), the stop event.
+Writes, of the partition: ``epoch``, ``load``, ``buffer`` (with its spill store under this
+replica's spill directory) and ``dead_letter_marks``. Uses: the loader pool, the ledger codec,
+the start offsets (forgotten at each load: the fetch restarts from the committed offset), the
+stop event.
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ import logging
 
 from stage.buffer import PartitionBuffer
 from stage.buffer.spill import SpillStore
-from stage.runtime.ledger import LoadCancelled, load_ledger
-from stage.runtime.pauses import LOADING
+from stage.runtime.kafka.ledger import LoadCancelled, load_ledger
+from stage.runtime.state.inputs import INPUTS
+from stage.runtime.state.partition import DeadLetterMarks
 
 logger = logging.getLogger("stage.runtime.loop")
 
@@ -22,15 +25,14 @@ _RETRY_S = 2.0
 
 
 class LedgerLoads:
-    def __init__(self, cfg, *, pool, ledger_codec, partitions, pauses, clients, stop,
+    def __init__(self, cfg, *, pool, ledger_codec, partitions, clients, stop,
                  spill_root=None) -> None:
         self.cfg = cfg
         self.spill_root = spill_root     # Path of this replica's spill directory, or None
         self.pool = pool
         self.ledger_codec = ledger_codec
         self.partitions = partitions
-        self.pauses = pauses
-        self.clients = clients
+        self.clients = clients           # start offsets, read at call time
         self.stop = stop                 # threading.Event: the stage is stopping
 
     @property
@@ -38,15 +40,14 @@ class LedgerLoads:
         return [s.number for s in self.partitions if s.loading]
 
     def start(self, partition: int, delay_s: float = 0.0) -> None:
-        """(Re)load ``partition``: a new epoch, no buffer until the ledger is read."""
-        state = self.partitions.get(partition) or self.partitions.add(partition)
-        self.pauses.adopt(partition, state.paused_for)
+        """(Re)load ``partition`` (assigned already): a new epoch, no buffer until the ledger
+        is read."""
+        state = self.partitions.get(partition)
         state.epoch = epoch = self.partitions.next_epoch()
-        state.release_buffer()
-        self.pauses.hold(partition, LOADING)
+        state.close()
         if self.clients.start_offsets is not None:
-            for topic in (self.cfg.topics.receipts, self.cfg.topics.staged_calls):
-                self.clients.start_offsets.forget(topic, partition)
+            for kind in INPUTS:
+                self.clients.start_offsets.forget(kind.topic(self.cfg.topics), partition)
 
         def stopped() -> bool:
             return self.stop.is_set() or self.partitions.current(partition, epoch) is None
@@ -58,8 +59,9 @@ class LedgerLoads:
 
         state.load = self.pool.submit(load)
 
-    def finish(self) -> None:
-        """Give every partition whose ledger has loaded its buffer, and let it fetch."""
+    def finish(self) -> list[int]:
+        """Give every partition whose ledger has loaded its buffer; the partitions now ready."""
+        ready = []
         for state in list(self.partitions):
             future = state.load
             if future is None or not future.done():
@@ -75,6 +77,8 @@ class LedgerLoads:
                 self.start(state.number, delay_s=_RETRY_S)
                 continue
             self._loaded(state, ledger)
+            ready.append(state.number)
+        return ready
 
     def _loaded(self, state, ledger) -> None:
         topics = self.cfg.topics
@@ -87,13 +91,10 @@ class LedgerLoads:
                                  group_timeout_ms=self.cfg.group_timeout_ms,
                                  late_retention_ms=self.cfg.late_retention_ms, spill=spill)
         for group_id, entry in ledger.groups.items():
-            buffer.load_published(group_id, {topics.receipts: entry["max_receipt_offset"],
-                                             topics.staged_calls: entry["max_staged_offset"]},
+            buffer.load_published(group_id, {kind.topic(topics): entry[kind.ledger_field] for kind in INPUTS},
                                   entry["published_at_ms"])
         state.buffer = buffer
-        state.dead_letter_marks = {
-            topics.receipts: ledger.dead_letter_offsets.get("receipts", -1),
-            topics.staged_calls: ledger.dead_letter_offsets.get("staged_calls", -1)}
-        self.pauses.release(state.number, LOADING)
+        state.dead_letter_marks = DeadLetterMarks({
+            kind.topic(topics): ledger.dead_letter_offsets.get(kind.role, -1) for kind in INPUTS})
         logger.info("partition %d ready: %d published groups in its ledger, dead letters up to "
                     "offsets %s", state.number, len(ledger.groups), ledger.dead_letter_offsets or "none")

@@ -6,7 +6,7 @@ to their end (a stage catching up must not finalize groups whose records it has 
 partition's leader dies: the fetches fail, the cache stays, the stage looked caught up and
 expired groups whose records were only delayed by the failover.
 
-``EndOffsetProbe`` asks the leaders (stage.runtime.probes: the last stable offset, one
+``EndOffsetProbe`` asks the leaders (stage.runtime.kafka.probes: the last stable offset, one
 partition per request, off the loop thread) for every assigned input partition every
 ``interval_s``, and at once when a deadline becomes due. A partition is *available* once its
 probes have answered continuously for ``settle_s`` (after a failover, producers need a moment

@@ -12,12 +12,12 @@ from confluent_kafka.admin import AdminClient
 
 from stage.runtime import exits
 from stage.config.model import StageConfig
-from stage.runtime.topics import TopologyError, check_copartitioning, durability_warnings
+from stage.runtime.kafka.topics import TopologyError, check_copartitioning, durability_warnings
 from stage.wire import WireError
 
 logger = logging.getLogger(__name__)
 
-_QUIET = logging.getLogger("stage.runtime.startup.librdkafka")  # connection-refused noise
+_QUIET = logging.getLogger("stage.runtime.kafka.startup.librdkafka")  # connection-refused noise
 
 
 def connect_admin(cfg: StageConfig, timeout_s: float = 15.0) -> tuple[AdminClient, int]:

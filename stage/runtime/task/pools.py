@@ -12,7 +12,7 @@ stage's codecs (output schemas resolved once when it starts). It has no shared r
 with the stage: configure ``finalize.route_layers`` / ``route_topk`` in direct router replay.
 If a worker process dies (killed for memory, a crash in native code), the pool is made anew and
 the groups it held are handed back to the finalize step, which tries each at most twice before
-it halts their partition (stage.runtime.finalization).
+it halts their partition (stage.runtime.steps.finalization).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import time
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
-from stage.runtime.worker import finalize_and_encode
+from stage.runtime.task.finalize_task import finalize_and_encode
 
 logger = logging.getLogger(__name__)
 
@@ -58,11 +58,12 @@ def _init_process(cfg, limits) -> None:
 
     from stage.routes import RouteDimsCache
     from stage.runtime.malloc import tune_malloc
-    from stage.runtime.registry import build_codecs
+    from stage.runtime.kafka.registry import build_codecs
+    from stage.wire import OUTPUT_RECORDS
     tune_malloc()
     torch.set_num_threads(1)
     codecs = build_codecs(cfg)
-    for name in ("CanonicalRow", "RoutePlan", "GroupSummary", "LedgerEntry"):
+    for name in OUTPUT_RECORDS:
         codecs[name].ensure_registered()    # ids from the registry (no-op with plain framing)
     _PROCESS_STATE.update(cfg=cfg, limits=limits, codecs=codecs, dims=RouteDimsCache())
 

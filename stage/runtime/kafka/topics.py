@@ -195,7 +195,7 @@ def _wait_visible(admin: AdminClient, names: list[str], partitions: int, timeout
 
 class PartitionWatch:
     """Notices partitions added to an input topic while the stage runs (asked off the loop
-    thread, stage.runtime.probes). ``poll()`` -> (topic, new count) or None."""
+    thread, stage.runtime.kafka.probes). ``poll()`` -> (topic, new count) or None."""
 
     def __init__(self, queries, topics, expected: int, interval_s: float) -> None:
         self.queries, self.topics, self.expected, self.interval_s = queries, tuple(topics), expected, interval_s

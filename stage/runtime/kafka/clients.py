@@ -12,12 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from stage.config.model import EXACTLY_ONCE, StageConfig
-from stage.runtime.logs import kafka_logger
+from stage.runtime.kafka.logs import kafka_logger
 
 
 def common(cfg: StageConfig) -> dict:
     """Every client: the brokers, the ``kafka:`` passthrough, and librdkafka's log lines through
-    the stage's rate-limited logger (stage.runtime.logs)."""
+    the stage's rate-limited logger (stage.runtime.kafka.logs)."""
     return {"bootstrap.servers": cfg.bootstrap_servers, "logger": kafka_logger(), **cfg.kafka}
 
 
@@ -85,11 +85,11 @@ def replay_producer_config(cfg: StageConfig, transactional_id: str) -> dict:
 
 @dataclass
 class Clients:
-    """The Kafka-facing objects of one stage process, made by ``StageRuntime.start`` (None
-    before it): steps hold this and read the client they need at call time."""
+    """The Kafka services of one stage process, made by ``StageRuntime.start`` (None before it)
+    and written only there: a step given this reads the service it uses at call time. The
+    publisher is not here: the publish step's flight owns it (stage.runtime.steps.flight)."""
 
     consumer: object = None        # confluent_kafka.Consumer
-    publisher: object = None       # TransactionalPublisher or AtLeastOncePublisher
     admin: object = None           # AdminClient (start-up checks and topic layout)
     queries: object = None         # BrokerQueries: end/start offsets and partition counts
     probe: object = None           # EndOffsetProbe: is an input partition read to its end

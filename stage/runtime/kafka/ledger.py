@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
 from stage.publish.deadletters import DEAD_LETTER_WATERMARK_KEY
-from stage.runtime.clients import reader_config
+from stage.wire import INPUT_LEDGER_FIELDS
+from stage.runtime.kafka.clients import reader_config
 from stage.config.model import StageConfig
 
 logger = logging.getLogger(__name__)
@@ -34,7 +35,7 @@ class LoadCancelled(RuntimeError):
 @dataclass
 class LedgerState:
     groups: dict[str, dict] = field(default_factory=dict)         # group_id -> LedgerEntry
-    dead_letter_offsets: dict[str, int] = field(default_factory=dict)   # input topic -> offset
+    dead_letter_offsets: dict[str, int] = field(default_factory=dict)   # input role -> offset
 
 
 def _end_offset(reader: Consumer, tp: TopicPartition) -> int:
@@ -124,8 +125,7 @@ def _apply(state: LedgerState, msg, codec) -> None:
     if key == DEAD_LETTER_WATERMARK_KEY:
         if msg.value() is not None:
             entry = codec.decode(msg.value())
-            state.dead_letter_offsets = {"receipts": entry["max_receipt_offset"],
-                                         "staged_calls": entry["max_staged_offset"]}
+            state.dead_letter_offsets = {role: entry[field] for role, field in INPUT_LEDGER_FIELDS.items()}
         return
     group_id = key.decode("utf-8", "replace")
     if msg.value() is None:

@@ -7,52 +7,20 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 import time
 import traceback
-from dataclasses import dataclass, field
 
 from stage.buffer import DEADLINE, GroupState
 from stage.decode import InputLimits
 from stage.finalize import GroupFinalizer, ReassemblyConfig
 from stage.finalize import reasons as R
 from stage.finalize.failures import UNPUBLISHABLE, HaltCause, halt_cause
-from stage.publish.records import (
-    DROPPED,
-    SUMMARY_COMPACTIONS,
-    GroupContext,
-    RowTooLarge,
-    encode_row,
-    ledger_record,
-    output_digest,
-    plan_record,
-    summary_record,
-)
+from stage.publish.outputs import Outputs, encode_group, encode_rows
+from stage.publish.records import GroupContext, RowTooLarge
 from stage.routes import RouteDimsCache
-from stage.runtime.source import BufferTokenSource, spilled_loader
-from stage.wire import WireError
+from stage.runtime.task.source import BufferTokenSource, spilled_loader
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(eq=False)
-class Outputs:
-    """Encoded records of one group, ready for a transaction."""
-
-    partition: int
-    group_id: str
-    epoch: int                       # assignment epoch of its partition when it was taken
-    context: GroupContext
-    records: list = field(default_factory=list)   # (topic, value bytes)
-    ledger_value: bytes = b""
-    outcome: str = ""
-    valid_rows: int = 0
-    total_rows: int = 0
-    rejections: list = field(default_factory=list)
-    finalize_s: float = 0.0
-    error: str | None = None
-    metrics: dict = field(default_factory=dict)
-    ready_at: float = 0.0
 
 
 def context_of(group: GroupState, why: str, topics) -> GroupContext:
@@ -126,65 +94,15 @@ def _finalize_into(out: Outputs, group: GroupState, why: str, *, config, dims_ca
             result_stats=group.result_stats(), rejected=rejected)
 
     result = finalize(rejected)
-    rows, plans, unpublishable = _encode_rows(result, config, codecs, ctx)
-    if unpublishable:   # once: as placeholders those rows' records are a few hundred bytes
+    encoded = encode_rows(result, config, codecs, ctx)
+    if encoded.unpublishable:   # once: as placeholders those rows' records are a few hundred bytes
         logger.warning("group %s: rows %s rejected, their records cannot be published: %s",
-                       group.group_id, sorted(unpublishable), unpublishable)
-        result = finalize({**rejected, **unpublishable})
-        rows, plans, unpublishable = _encode_rows(result, config, codecs, ctx)
-        if unpublishable:
-            raise RowTooLarge(f"placeholder records cannot be published: {unpublishable}")
-    encoded_rows = [blob for parts in rows for blob in parts]
-    records = [(topics.canonical_rows, blob) for blob in encoded_rows]
-    records += [(topics.route_plans, blob) for blob in plans]
-    finalized_at = now_ms()
-    records.append((topics.finalized_groups, _encode_summary(codecs["GroupSummary"], result, ctx,
-                                                             finalized_at)))
-    out.outcome = DROPPED if result.dropped else why
-    out.ledger_value = codecs["LedgerEntry"].encode(ledger_record(
-        ctx, out.outcome, topics.receipts, topics.staged_calls, finalized_at, output_digest(encoded_rows)))
-    out.records = records
-    out.valid_rows, out.total_rows = result.valid_row_count, result.total_row_count
-    out.rejections = [reason for _index, _rollout, reason in result.rejections]
-    out.metrics = result.metrics
-    split = [len(parts) for parts in rows if len(parts) > 1]
-    if split:
-        logger.info("group %s: %d rows over max_record_bytes published as %s parts", group.group_id,
-                    len(split), split)
-
-
-def _encode_rows(result, config, codecs, ctx) -> tuple[list[list[bytes]], list[bytes], dict]:
-    """Each row's record(s) and (deferred mode) plan; ``unpublishable``: row index -> the
-    rejection reason for a row whose records cannot be encoded."""
-    rows, plans, unpublishable = [], [], {}
-    deferred = config.router_replay and config.defer_routes
-    for row in result.rows:
-        try:
-            rows.append(encode_row(row, codecs["CanonicalRow"]))
-        except (RowTooLarge, WireError) as error:
-            unpublishable[row.row_index] = R.reason(R.UNPUBLISHABLE_RECORD, f"CanonicalRow: {error}")
-            continue
-        if deferred:
-            try:
-                plans.append(codecs["RoutePlan"].encode(plan_record(row, ctx.staged_positions)))
-            except WireError as error:
-                unpublishable[row.row_index] = R.reason(R.UNPUBLISHABLE_RECORD, f"RoutePlan: {error}")
-    return rows, plans, unpublishable
-
-
-def _encode_summary(codec, result, ctx, finalized_at: int) -> bytes:
-    """The GroupSummary, compacted as far as needed to fit the codec's cap."""
-    bad = sorted(k for k, v in result.metrics.items() if not math.isfinite(v))
-    if bad:   # left out of the summary (summary_record counts them): a bug, say so
-        logger.error("group %s: non-finite metrics left out of the summary: %s", ctx.group_id, bad)
-    for compact in range(SUMMARY_COMPACTIONS):
-        try:
-            return codec.encode(summary_record(result, ctx, finalized_at, compact=compact))
-        except WireError as error:
-            if compact == SUMMARY_COMPACTIONS - 1:
-                raise
-            logger.warning("group %s: summary not encodable (%s); compacting it", ctx.group_id, error)
-    raise AssertionError("unreachable")
+                       group.group_id, sorted(encoded.unpublishable), encoded.unpublishable)
+        result = finalize({**rejected, **encoded.unpublishable})
+        encoded = encode_rows(result, config, codecs, ctx)
+        if encoded.unpublishable:
+            raise RowTooLarge(f"placeholder records cannot be published: {encoded.unpublishable}")
+    encode_group(out, result, encoded, why, codecs=codecs, topics=topics, finalized_at=now_ms())
 
 
 __all__ = ["DEADLINE", "Outputs", "context_of", "finalize_and_encode"]

@@ -19,7 +19,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from stage.wire import AvroCodec, RegistryError, value_subject
+from stage.wire import TOPIC_RECORDS, AvroCodec, RegistryError, value_subject
 
 logger = logging.getLogger(__name__)
 
@@ -37,9 +37,7 @@ def registry_client(cfg):
 def build_codecs(cfg) -> dict[str, AvroCodec]:
     """Record name -> codec for every topic of ``cfg`` (a StageConfig)."""
     registry = registry_client(cfg)
-    subjects = {"ReceiptEvent": cfg.topics.receipts, "StagedCall": cfg.topics.staged_calls,
-                "CanonicalRow": cfg.topics.canonical_rows, "RoutePlan": cfg.topics.route_plans,
-                "GroupSummary": cfg.topics.finalized_groups, "LedgerEntry": cfg.topics.stage_ledger}
+    subjects = {record: getattr(cfg.topics, role) for role, record in TOPIC_RECORDS.items() if record}
     return {name: AvroCodec(name, framing=cfg.framing, registry=registry,
                             subject=value_subject(topic), max_record_bytes=cfg.max_record_bytes)
             for name, topic in subjects.items()}
@@ -107,6 +105,11 @@ class SchemaResolver:
         if not self.requests:
             self.last_error = None
         return done - still
+
+    @property
+    def pending(self) -> frozenset[int]:
+        """Partitions with a record waiting for a schema id (the REGISTRY pause)."""
+        return frozenset(p for req in self.requests.values() for p in req.partitions)
 
     def forget(self, partitions) -> None:
         for req in self.requests.values():

@@ -1,0 +1,27 @@
+"""What the steps are given and what they hand back, besides their typed work.
+
+A step is not handed callbacks into other steps. It is given a read-only ``Budget`` (taken by
+the runtime from the steps that own each figure) and it reports what it cannot handle itself
+as an outcome that ``StageRuntime.step`` handles in one place: ``Rewind`` (start every
+partition over from the committed offsets: an aborted or replaced transaction, a failed seek)
+or a ``stage.runtime.exits.StageExit`` (the stage must stop).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+_UNLIMITED = 1 << 62
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A snapshot of what the stage holds, for the steps that must not exceed it."""
+
+    room: int = _UNLIMITED   # bytes left under max_buffered_bytes (negative when over it)
+    busy: bool = False       # some group is being finalized, waits for a worker, or is publishing
+    idle: bool = True        # no transaction in flight
+
+
+class Rewind(Exception):
+    """Every assigned partition must start over from its committed offsets."""
