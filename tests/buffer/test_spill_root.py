@@ -49,3 +49,23 @@ def test_a_root_another_user_owns_is_refused_and_left_alone(tmp_path):
     (root / "p0").mkdir()
     os.chown(root / "p0", 4242, 4242)
     assert store.put(b"x") is None and "belongs to uid 4242" in store.failed
+
+
+def test_the_stage_refuses_to_start_on_a_spill_root_that_is_not_its_own(tmp_path):
+    """At start (stage.runtime.loop): a configuration error, before any client connects; the
+    linked directory is left as it was (it used to be emptied, silently, or written into)."""
+    from stage.config.model import StageConfig
+    from stage.runtime import exits
+    from stage.runtime.loop import StageRuntime
+
+    runtime = StageRuntime(StageConfig(bootstrap_servers="127.0.0.1:9", spill_dir=str(tmp_path),
+                                       metrics_port=0))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "keep").write_text("someone's file")
+    os.symlink(elsewhere, runtime.spill_root)
+    with pytest.raises(exits.StageExit) as stopped:
+        runtime.start()
+    assert stopped.value.code == exits.EXIT_CONFIG, str(stopped.value)
+    assert "is a symbolic link: refusing to spill there" in str(stopped.value)
+    assert (elsewhere / "keep").read_text() == "someone's file"
