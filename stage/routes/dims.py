@@ -56,9 +56,9 @@ class RouteDimsCache:
     process has its own."""
 
     dims: Dims | None = None
-    _votes: deque = field(default_factory=lambda: deque(maxlen=WINDOW), repr=False)
-    _tally: Counter = field(default_factory=Counter, repr=False)
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _votes: deque = field(default_factory=lambda: deque(maxlen=WINDOW), repr=False, compare=False)
+    _tally: Counter = field(default_factory=Counter, repr=False, compare=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def rollout_dims(self, first: torch.Tensor) -> tuple[Dims | None, str | None]:
         """The dims to execute a rollout's plan in, given its first fragment's routes (rank 3),
