@@ -12,7 +12,9 @@ call, its ``fingerprint`` taken at decode (every field of the StagedCall but the
 tensors, the media and top-k columns by value), then the token and route tensors byte for byte
 where both copies still hold them: a copy whose tokens changed under the same digest is a
 conflict too (its digest no longer matches it). A route payload the buffer released at intake
-(deferred router replay, router replay off) is compared through ``extras_digest`` only.
+(deferred router replay, router replay off) is compared through ``extras_digest`` only. A first
+copy spilled to disk is compared through the digests it kept (stage.buffer.digests), with the
+same outcome as in memory.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from stage.buffer.digests import TensorDigest, ValueDigest, spilled_fingerprint, value_digest
 from stage.buffer.items import ReceiptItem, StagedItem
 
 _SHOWN = 80   # characters of a differing value quoted in the conflict text
@@ -90,8 +93,18 @@ TENSOR_COLUMNS = ("token_ids_delta", "token_mask_delta", "generation_log_probs_d
                   "routed_experts", "routed_experts_boundary")
 
 
+def keep_digests(item: StagedItem) -> None:
+    """What ``item`` keeps for this check once its payload leaves memory (spilled): its
+    fingerprint's large values and its tensors as digests."""
+    item.fingerprint = spilled_fingerprint(item.fingerprint)
+    payload = item.payload if isinstance(item.payload, dict) else {}
+    item.tensors = {name: None if payload.get(name) is None else TensorDigest.of(payload[name])
+                    for name in TENSOR_COLUMNS}
+
+
 def _tensor_difference(first: StagedItem, second: StagedItem) -> str | None:
-    ours, theirs = first.payload, second.payload
+    ours = first.tensors if first.spilled else first.payload
+    theirs = second.tensors if second.spilled else second.payload
     if not isinstance(ours, dict) or not isinstance(theirs, dict):
         return None
     for name in TENSOR_COLUMNS:
@@ -109,7 +122,13 @@ def _tensor_difference(first: StagedItem, second: StagedItem) -> str | None:
 
 def _same_tensor(a, b) -> bool:
     """Equal values and shape (a column sent as uint32 in one copy and uint64 in the other is
-    the same column); a NaN equals a NaN."""
+    the same column); a NaN equals a NaN. A spilled copy's side is its digest."""
+    if isinstance(b, (TensorDigest, ValueDigest)):
+        a, b = b, a
+    if isinstance(a, TensorDigest):
+        return a.matches(b)
+    if isinstance(a, ValueDigest):
+        return a == value_digest(b)
     if not (isinstance(a, dict) and isinstance(b, dict)):
         return _same(a, b)
     if a.get("shape") != b.get("shape"):
@@ -125,14 +144,25 @@ def _same_tensor(a, b) -> bool:
     return x.shape == y.shape and bool(np.array_equal(x, y, equal_nan=floats))
 
 
+def _same_field(a: Any, b: Any) -> bool:
+    """``_same``, where a spilled copy's large values are digests (stage.buffer.digests)."""
+    if isinstance(a, ValueDigest) or isinstance(b, ValueDigest):
+        return value_digest(a) == value_digest(b)
+    return _same(a, b)
+
+
+def _bulky(value: Any) -> bool:
+    return isinstance(value, dict)   # a spilled copy's digest is quoted as one
+
+
 def staged_difference(first: StagedItem, second: StagedItem) -> str | None:
     """Why ``second`` (same group and staging_key as ``first``) is a conflict, or None."""
     ours, theirs = _fields(first.fingerprint), _fields(second.fingerprint)
     detail = None
     for name in dict.fromkeys([*ours, *theirs]):
         a, b = ours.get(name), theirs.get(name)
-        if not _same(a, b):
-            detail = (f"{name} {_show(b)} != {_show(a)}" if not isinstance(a, dict) and not isinstance(b, dict)
+        if not _same_field(a, b):
+            detail = (f"{name} {_show(b)} != {_show(a)}" if not _bulky(a) and not _bulky(b)
                       else f"{name} differs")   # media, top-k: tensors, not worth quoting
             break
     detail = detail or _tensor_difference(first, second)

@@ -61,8 +61,12 @@ class StagedItem:
     extra: dict = field(default_factory=dict)
     # (field names, values) taken at decode: what a second record under this staging_key is
     # compared with (stage.buffer.duplicates); kept apart from the payload, so it survives a
-    # payload the buffer no longer holds whole. () when none was taken.
+    # payload the buffer no longer holds whole. () when none was taken. Once spilled, its large
+    # values are digests (stage.buffer.digests): it holds no bytes of the record.
     fingerprint: tuple = ()
     # Bytes of its record on local disk once spilled (stage.buffer.spill; the payload is then a
     # SpilledRecord the finalize step reads back), 0 while it is held in memory.
     spilled: int = 0
+    # Once spilled: the token and route tensors' digests by column (None: the record had none
+    # or released it), what a second copy's tensors are compared with.
+    tensors: dict | None = None

@@ -13,7 +13,7 @@ import heapq
 from collections import Counter
 from dataclasses import dataclass
 
-from stage.buffer.duplicates import receipt_difference, staged_difference
+from stage.buffer.duplicates import keep_digests, receipt_difference, staged_difference
 from stage.buffer.fields import GroupFields, conflict_text, result_fields_text
 from stage.buffer.group import IN_FLIGHT, OPEN, GroupState
 from stage.buffer.items import ReceiptItem, StagedItem
@@ -256,7 +256,8 @@ class PartitionBuffer:
     def spill_staged(self, item: StagedItem, value: bytes, keep: int) -> bool:
         """Move an admitted staged call's record to disk: its ``value`` (the record's bytes)
         goes to the spill store, and the item keeps ``keep`` bytes in memory (its decoded
-        small fields). False when there is no store or it is full."""
+        small fields, and digests of the rest for the duplicate check: no bytes of the
+        record). False when there is no store or it is full."""
         if self.spill is None or item.spilled:
             return False
         group = self.groups.get(item.group_id)
@@ -265,6 +266,7 @@ class PartitionBuffer:
         ref = self.spill.put(value)
         if ref is None:
             return False
+        keep_digests(item)    # the duplicate check's view of it, without its bytes
         freed = max(0, item.nbytes - keep)
         item.payload, item.nbytes, item.spilled = ref, item.nbytes - freed, len(value)
         group.nbytes -= freed

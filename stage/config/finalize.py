@@ -41,9 +41,11 @@ class ReassemblyConfig(ConfigModel):
     route_layers: Annotated[bounded_int(ge=1) | None, BeforeValidator(_none_text)] = Field(
         None, description="direct router replay: the model's MoE layers L (routes are `[tokens, L, K]`); "
                           "set with `route_topk`. A rollout whose routes have other dims is rejected "
-                          "(`route_assembly:fragment_model_shape`). Null: learned from the first staged "
-                          "routes, and a group that cannot be shaped before then is dropped "
-                          "(`route_dims_unknown`)")
+                          "(`route_assembly:fragment_model_shape`). Null: learned, bounded (L * K <= 2048 "
+                          "a token, else `route_assembly:fragment_dims_limit`) and agreed by two rollouts "
+                          "holding a majority of the recent ones; before then a valid row without routes "
+                          "is `route_dims_unknown` and a group no routes can shape is dropped "
+                          "(docs/design.md, Learned route dims)")
     route_topk: Annotated[bounded_int(ge=1) | None, BeforeValidator(_none_text)] = Field(
         None, description="direct router replay: experts per token K (set with `route_layers`)")
 

@@ -61,10 +61,11 @@ HOST_MEMORY = HaltCause(
     "give the stage more memory, or lower max_buffered_bytes, max_inflight_groups or "
     "finalize_workers; restart", _host_memory)
 SPILL = HaltCause(
-    "spill", "a staged record spilled to local disk (stage.buffer.spill) could not be read back: "
-    "the disk or its directory failed, not the record",
-    "check spill_dir (space, permissions, the volume); restart (the records are re-read from "
-    "Kafka)", lambda error: isinstance(error, SpillReadError))
+    "spill", "a staged record spilled to local disk (stage.buffer.spill) could not be read back "
+    "whole (a read error, or its CRC-32 no longer matches): the disk or its directory failed, "
+    "not the record",
+    "check spill_dir (space, permissions, the volume, its health); restart (the records are "
+    "re-read from Kafka)", lambda error: isinstance(error, SpillReadError))
 UNPUBLISHABLE = HaltCause(
     "unpublishable", "even N placeholder rows of the group could not be built or encoded: "
     "they depend only on ids and sizes the decoder bounds, so the stage itself is at fault "

@@ -23,6 +23,7 @@ from stage.finalize.receipt_facts import group_receipt_metrics
 from stage.finalize.rollout import FinalizedRollout, RolloutFinalizer, _reject, fits_float32
 from stage.routes import (
     ROUTE_FAILURE_MODEL_SHAPE,
+    GroupDims,
     RouteAssemblyPlan,
     encoded_route_plan_size_bytes,
     group_route_rows,
@@ -136,8 +137,9 @@ class GroupFinalizer(RolloutFinalizer):
         if not fits_float32(loss_multiplier):   # every valid row would publish it as sample_mask
             rows = [_demote(row, R.reason(R.NON_FINITE_VALUE, "sample_mask")) if row.valid else row
                     for row in rows]
+        settled = None
         if cfg.direct_routes:
-            rows = self._settle_route_dims(rows)
+            rows, settled = self._settle_route_dims(rows)
         metrics["row_assembly/rollouts_ms"] = (time.perf_counter() - t0) * 1e3
         for part in ("verify", "routes"):  # the per-rollout split of rollouts_ms
             metrics[f"row_assembly/{part}_ms"] = sum(r.timings_ms.get(part, 0.0) for r in rows)
@@ -152,7 +154,7 @@ class GroupFinalizer(RolloutFinalizer):
 
         t1 = time.perf_counter()
         # Structural drop: nothing can shape a route tensor for an all-placeholder group yet.
-        if cfg.direct_routes and not valid_rows and self.dims_cache.dims is None:
+        if cfg.direct_routes and not valid_rows and settled.dims is None:
             metrics["finalize/group_dropped"] = 1.0
             return FinalizedGroup(group_id, [], min_wv, max_wv, [], all_keys, 0, metrics, 0, 0,
                                   dropped=True, drop_reason=DROP_NO_ROUTE_DIMS, rejections=rejections)
@@ -162,7 +164,7 @@ class GroupFinalizer(RolloutFinalizer):
                              f"{sample_ids} != {list(canonical_sample_ids)}")
         out_rows = self._tensorize(group_id, rows, sample_ids, min_wv, max_wv, prompt_idx,
                                    mask_sample, loss_multiplier)
-        route_dims = self._attach_group_routes(out_rows, rows, metrics)
+        route_dims = self._attach_group_routes(out_rows, rows, metrics, settled)
         self._attach_group_media(out_rows, rows)
         if cfg.router_replay and cfg.defer_routes:
             self._attach_plans(out_rows, rows, metrics)
@@ -188,23 +190,27 @@ class GroupFinalizer(RolloutFinalizer):
             metrics=metrics, valid_row_count=len(valid_rows), total_row_count=n,
             rejections=rejections, route_dims=route_dims)
 
-    def _settle_route_dims(self, rows: list[FinalizedRollout]) -> list[FinalizedRollout]:
+    def _settle_route_dims(self, rows: list[FinalizedRollout]) -> tuple[list[FinalizedRollout], GroupDims]:
         """Direct mode: the group's route tensor has one (L, K): the configured dims, else the
-        first valid row's routes', else those learned by an earlier group. A valid row whose
-        routes have other dims is rejected (NeMo RL raises), and so is every valid row while
-        the dims are still unknown (NeMo RL raises for a valid row without routes then)."""
-        dims = self.config.route_dims or next(
-            (tuple(r.routed_experts.shape[1:]) for r in rows if r.valid and r.routed_experts is not None),
-            None) or self.dims_cache.dims
+        agreed ones, else those most of its routed rows carry (stage.routes.dims). A valid row
+        whose routes have other dims is rejected (NeMo RL raises), and so is every valid row
+        while the dims are unknown (NeMo RL raises for a valid row without routes then), and a
+        valid row without routes while the dims are only its siblings' (not agreed): one
+        rollout's dims never shape another rollout's row."""
+        settled = self.dims_cache.settle([tuple(r.routed_experts.shape[1:]) for r in rows
+                                          if r.valid and r.routed_experts is not None])
+        dims = settled.dims
         out = []
         for row in rows:
             reason = None
-            if row.valid and dims is None:
+            if not row.valid:
+                pass
+            elif dims is None or (row.routed_experts is None and not settled.agreed):
                 reason = R.ROUTE_DIMS_UNKNOWN
-            elif row.valid and row.routed_experts is not None and tuple(row.routed_experts.shape[1:]) != tuple(dims):
+            elif row.routed_experts is not None and tuple(row.routed_experts.shape[1:]) != tuple(dims):
                 reason = R.reason(R.ROUTE_ASSEMBLY, ROUTE_FAILURE_MODEL_SHAPE)
             out.append(row if reason is None else _demote(row, reason))
-        return out
+        return out, settled
 
     # -- metrics -----------------------------------------------------------------------------
     @staticmethod
@@ -269,23 +275,23 @@ class GroupFinalizer(RolloutFinalizer):
                 generation_topk_logprobs=topk_lps))
         return out
 
-    def _attach_group_routes(self, out_rows, rows, metrics) -> tuple[int, int] | None:
+    def _attach_group_routes(self, out_rows, rows, metrics, settled) -> tuple[int, int] | None:
         """Direct mode: each row's routes (a placeholder's: its one -1 token); returns the dims
         the group tensor is built with (FinalizedGroup.routed_experts, on first use)."""
         if not self.config.direct_routes:
             return None
         lengths = [len(r.token_ids) if r.valid else 0 for r in rows]
         routes, route_metrics = group_route_rows(
-            [r.routed_experts for r in rows], lengths, self.dims_cache,
+            [r.routed_experts for r in rows], lengths, settled.dims,
             valid=[r.valid for r in rows], rollout_ids=[r.rollout_id for r in rows],
             device=self.config.device)
         metrics.update(route_metrics)
-        layers, topk = self.dims_cache.dims
+        layers, topk = settled.dims
         device = resolve_device(self.config.device)
         for row, own in zip(out_rows, routes):
             row.routed_experts = own if own is not None else torch.full(
                 (row.input_lengths, layers, topk), -1, dtype=torch.int16, device=device)
-        return self.dims_cache.dims
+        return settled.dims
 
     def _attach_group_media(self, out_rows, rows) -> None:
         device = resolve_device(self.config.device)

@@ -29,6 +29,7 @@ from stage.finalize.media import StagedMedia, concat_media, pixels_finite, valid
 from stage.finalize.receipt_facts import ReceiptFacts, facts_of_raw, facts_of_receipt
 from stage.finalize.source import FetchedStagedCall, TokenSource
 from stage.routes import (
+    ConfiguredRouteDims,
     RouteAssemblyPlan,
     RouteDimsCache,
     RoutePlanBuildError,
@@ -70,14 +71,6 @@ def fits_float32(value: float) -> bool:
         return math.isfinite(value) and bool(np.isfinite(np.float32(value)))
 
 
-class ConfiguredRouteDims(RouteDimsCache):
-    """The model's (L, K) from the configuration: staged routes are checked against it, never
-    learned from (a producer's routes with other dims reject their own rollout)."""
-
-    def learn(self, routes: torch.Tensor) -> None:
-        pass
-
-
 def _reject(rollout_id: str, reward: float, reason: str, keys=(), **extra) -> FinalizedRollout:
     return FinalizedRollout(rollout_id=rollout_id, valid=False, reward=reward,
                             rejection_reason=R.bounded(reason), staging_keys=list(keys), **extra)
@@ -88,7 +81,8 @@ def _unique_in_order(items) -> list:
 
 
 class RolloutFinalizer:
-    """Finalizes single rollouts against a TokenSource; keeps the learned route dims."""
+    """Finalizes single rollouts against a TokenSource; keeps the learned route dims
+    (stage.routes.dims: bounded, and agreed by a majority of rollouts)."""
 
     def __init__(self, source: TokenSource, config: ReassemblyConfig | None = None,
                  dims_cache: RouteDimsCache | None = None) -> None:

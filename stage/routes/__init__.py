@@ -11,7 +11,8 @@ from stage.routes.constants import *  # noqa: F403  (the constants are the publi
 __getattr__, __dir__ = lazy_exports(__name__, globals(), {
     "builder": ("RoutePlanBuildError", "build_route_plan"),
     "device": ("resolve_device",),
-    "executor": ("ROUTED_EXPERTS_FALLBACK_DTYPE", "RouteDimsCache", "build_group_route_tensor",
+    "dims": ("ConfiguredRouteDims", "GroupDims", "MAX_LEARNED_ROUTE_SLOTS", "RouteDimsCache"),
+    "executor": ("ROUTED_EXPERTS_FALLBACK_DTYPE", "build_group_route_tensor",
                  "execute_direct_plan", "execute_route_plan", "group_route_rows", "pad_route_rows"),
     "fragment": ("RouteFragment", "encode_extras_metadata_json", "rebuild_route_extras",
                  "verify_route_fragment_integrity"),
@@ -22,6 +23,9 @@ __getattr__, __dir__ = lazy_exports(__name__, globals(), {
 
 __all__ = [
     *(name for name in vars(_constants) if name.isupper()),
+    "ConfiguredRouteDims",
+    "GroupDims",
+    "MAX_LEARNED_ROUTE_SLOTS",
     "ROUTED_EXPERTS_FALLBACK_DTYPE",
     "RouteAssemblyPlan",
     "RouteDimsCache",

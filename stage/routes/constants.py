@@ -52,6 +52,9 @@ ROUTE_FAILURE_LENGTH = "fragment_length"
 ROUTE_FAILURE_MODEL_SHAPE = "fragment_model_shape"
 ROUTE_FAILURE_ASSEMBLED_LENGTH = "assembled_length_mismatch"
 ROUTE_FAILURE_BOUNDARY = "fragment_boundary"
+# Not NeMo RL's: a fragment of learned dims (none configured) with more L * K slots a token
+# than the stage learns (stage.routes.dims): rejected before anything of that shape is built.
+ROUTE_FAILURE_DIMS_LIMIT = "fragment_dims_limit"
 ROUTE_FAILURE_REASONS = (
     ROUTE_FAILURE_CANONICAL_LENGTH,
     ROUTE_FAILURE_MISSING_FRAGMENT,

@@ -8,8 +8,6 @@ mode turns it into an all-sentinel row plus a counted fallback.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-
 import torch
 
 from stage.contract import classify_route_span
@@ -30,6 +28,7 @@ from stage.routes.constants import (
     UNKNOWN_ROUTE_DIMS_MESSAGE,
 )
 from stage.routes.device import resolve_device
+from stage.routes.dims import RouteDimsCache
 from stage.routes.fragment import (
     RouteFragment,
     metadata_boundary_index,
@@ -127,20 +126,6 @@ def execute_route_plan(
     return out, None
 
 
-@dataclass
-class RouteDimsCache:
-    """Model ``(num_moe_layers, topk)`` learned from staged data in direct mode.
-
-    The finalizer has no model in-process, so it learns dims from fragments and keeps them
-    across rollouts and groups (placeholder-only groups still need a shaped tensor).
-    """
-
-    dims: tuple[int, int] | None = None
-
-    def learn(self, routes: torch.Tensor) -> None:
-        self.dims = (int(routes.shape[1]), int(routes.shape[2]))
-
-
 def execute_direct_plan(
     plan: RouteAssemblyPlan,
     fetched_fragments: Mapping[str, RouteFragment | None],
@@ -151,23 +136,29 @@ def execute_direct_plan(
     """Direct-mode pre-checks, then the shared executor (spec §3.7).
 
     ``fetched_fragments`` maps staging key -> fragment (None when the item staged none)
-    in manifest order, off-chain calls included: the first fragment sets the dims.
+    in manifest order, off-chain calls included: the first fragment gives the rollout's dims,
+    checked by ``dims_cache`` (configured dims, or the learned bound and the agreed dims:
+    stage.routes.dims) before anything of that shape is allocated; the cache is not changed
+    by one rollout's dims unless they are counted against agreed ones.
     Returns ``(None, None)`` for a valid rollout that staged no routes.
     """
     fragments = {k: f for k, f in fetched_fragments.items() if f is not None}
     if not any(span.staged_route_len > 0 for span in plan.spans):
         return None, None
+    dims = dims_cache.dims
     if fragments:
         first = next(iter(fragments.values())).routes
         if first.dim() != 3:
             return None, ROUTE_FAILURE_RANK
-        dims_cache.learn(first)
-    if dims_cache.dims is None:
+        dims, failure = dims_cache.rollout_dims(first)
+        if failure is not None:
+            return None, failure
+    if dims is None:
         return None, ROUTE_FAILURE_MISSING_FRAGMENT
     return execute_route_plan(
         plan,
         fragments,
-        dims=dims_cache.dims,
+        dims=dims,
         canonical_len=plan.expected_token_length,
         device=device,
     )
@@ -187,19 +178,24 @@ def build_group_route_tensor(
 
     ``lengths[i]`` is row i's ``len(token_ids)`` (0 for placeholders); ``valid`` defaults to
     all rows valid; ``max_len`` defaults to ``max(max(1, length))`` as in finalize_group.
-    Raises RuntimeError when dims are unknown or a row's routes have the wrong shape.
+    The dims are the group's as ``dims_cache`` settles them from the valid rows' routes
+    (stage.routes.dims). Raises RuntimeError when dims are unknown or a row's routes have the
+    wrong shape.
     """
-    rows, metrics = group_route_rows(rows_routes, lengths, dims_cache, valid=valid,
+    valid_rows = [True] * len(rows_routes) if valid is None else list(valid)
+    settled = dims_cache.settle([(int(r.shape[1]), int(r.shape[2])) for ok, r in zip(valid_rows, rows_routes)
+                                 if ok and r is not None and r.dim() == 3])
+    rows, metrics = group_route_rows(rows_routes, lengths, settled.dims, valid=valid,
                                      rollout_ids=rollout_ids, device=device)
     if max_len is None:
         max_len = max((max(1, length) for length in lengths), default=1)
-    return pad_route_rows(rows, max_len, dims_cache.dims, device=device), metrics
+    return pad_route_rows(rows, max_len, settled.dims, device=device), metrics
 
 
 def group_route_rows(
     rows_routes: Sequence[torch.Tensor | None],
     lengths: Sequence[int],
-    dims_cache: RouteDimsCache,
+    dims: tuple[int, int] | None,
     *,
     valid: Sequence[bool] | None = None,
     rollout_ids: Sequence[str] | None = None,
@@ -207,7 +203,8 @@ def group_route_rows(
 ) -> tuple[list[torch.Tensor | None], dict[str, float]]:
     """The group tensor's checks and metrics without building it: each valid row's routes as
     they are (``[length, L, K]``, all -1 for a valid row that staged none) and None for the
-    placeholders, whose rows are all -1 (``pad_route_rows`` builds the tensor from these)."""
+    placeholders, whose rows are all -1 (``pad_route_rows`` builds the tensor from these).
+    ``dims``: the group's (L, K), settled before (stage.routes.dims); None: unknown."""
     n = len(rows_routes)
     if len(lengths) != n:
         raise ValueError(f"rows_routes and lengths must be parallel: {n} != {len(lengths)}")
@@ -216,14 +213,9 @@ def group_route_rows(
     if len(valid) != n or len(ids) != n:
         raise ValueError("valid and rollout_ids must be parallel with rows_routes")
 
-    for ok, routes in zip(valid, rows_routes):
-        if ok and routes is not None:
-            if routes.dim() == 3:
-                dims_cache.learn(routes)
-            break
-    if dims_cache.dims is None:
+    if dims is None:
         raise RuntimeError(UNKNOWN_ROUTE_DIMS_MESSAGE)
-    layers, topk = dims_cache.dims
+    layers, topk = dims
     target = resolve_device(device)
 
     out: list[torch.Tensor | None] = []

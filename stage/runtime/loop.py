@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import logging
 import re
-import shutil
 import signal
 import tempfile
 import threading
@@ -37,6 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from confluent_kafka import Consumer, KafkaException, Producer
 
 from stage.buffer import SystemClock
+from stage.buffer.spill import SpillDirError, prepare_spill_root
 from stage.config.model import EXACTLY_ONCE, StageConfig
 from stage.decode import InputLimits
 from stage.publish import AtLeastOncePublisher, StageFatal, TransactionalPublisher
@@ -169,9 +169,12 @@ class StageRuntime:
                     cfg.bootstrap_servers, cfg.group_id, cfg.processing, cfg.framing,
                     cfg.finalize.device, _routes_mode(cfg))
         self._serve_health()    # first: a port in use is a configuration error, said at once
-        if self.spill_root is not None:   # what a previous run of this replica left
-            shutil.rmtree(self.spill_root, ignore_errors=True)
         try:
+            if self.spill_root is not None:   # private (0700), emptied of what an earlier run left
+                try:
+                    prepare_spill_root(self.spill_root)
+                except SpillDirError as error:
+                    raise exits.StageExit(exits.EXIT_CONFIG, f"configuration error: {error}") from None
             self._start_clients()
         except BaseException:
             if self.health is not None:

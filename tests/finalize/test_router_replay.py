@@ -161,18 +161,33 @@ def test_routes_that_contradict_the_configured_dims_reject_their_rollout(routed)
     assert fin.dims_cache.dims == (3, 1)                               # never relearned
 
 
-def test_rows_of_one_group_with_different_learned_dims_reject_the_later_one_instead_of_raising():
-    """Without configured dims the first valid row's routes set the group's (L, K) (§3.9); NeMo RL
-    raises RuntimeError for a row of other dims, which would halt the stage's partition."""
+def test_rows_of_one_group_with_different_learned_dims_reject_the_odd_one_instead_of_raising():
+    """Without configured dims NeMo RL takes the first valid row's routes as the group's (L, K)
+    (§3.9) and raises RuntimeError for a row of other dims, which would halt the stage's
+    partition. Here the dims most of the group's rows carry settle it (stage.routes.dims), and
+    the odd row is rejected, wherever it stands."""
+    source = InMemoryTokenSource()
+    other = stage_rollout(source, "b", [
+        CallSpec("c1", None, [10, 11], [12, 13], extras=route_extras(route_values(1, 4, layers=3, topk=1)))])
+    group = Group().add("b", other.receipt_json())
+    for rid in ("a", "c"):
+        group.add(rid, stage_rollout(source, rid, golden_specs(routes="int16")).receipt_json())
+    out = group.run(Reassembler(source, ReassemblyConfig(**DIRECT)))
+    assert out.rows[0].rejection_reason == "route_assembly:fragment_model_shape"
+    assert out.rows[1].valid and out.rows[1].routed_experts.shape == (7, L, K)
+    assert out.routed_experts.shape == (3, 7, L, K)
+
+
+def test_two_rows_with_different_learned_dims_and_nothing_agreed_settle_none():
+    """One against one, before any dims are agreed: neither can say what the model is."""
     source = InMemoryTokenSource()
     first = stage_rollout(source, "a", golden_specs(routes="int16"))
     other = stage_rollout(source, "b", [
         CallSpec("c1", None, [10, 11], [12, 13], extras=route_extras(route_values(1, 4, layers=3, topk=1)))])
     out = (Group().add("a", first.receipt_json()).add("b", other.receipt_json())
            .run(Reassembler(source, ReassemblyConfig(**DIRECT))))
-    assert out.rows[0].valid and out.rows[0].routed_experts.shape == (7, L, K)
-    assert out.rows[1].rejection_reason == "route_assembly:fragment_model_shape"
-    assert out.routed_experts.shape == (2, 7, L, K)
+    assert out.rejections == [(0, "a", "route_dims_unknown"), (1, "b", "route_dims_unknown")]
+    assert out.dropped and out.drop_reason == DROP_NO_ROUTE_DIMS
 
 
 def test_route_dims_are_set_together():
@@ -180,10 +195,17 @@ def test_route_dims_are_set_together():
         ReassemblyConfig(**DIRECT, route_layers=48)
 
 
-def test_direct_row_without_routes_is_all_sentinel_once_dims_are_known(routed):
+def agree_on_dims(source, staged, fin) -> None:
+    """Two rollouts with (L, K) routes: the learned dims are agreed (stage.routes.dims)."""
+    second = stage_rollout(source, "grp_g1", golden_specs(routes="int16"))
+    Group().add("grp_g0", staged.receipt_json()).add("grp_g1", second.receipt_json()).run(fin)
+    assert fin.dims_cache.dims == (L, K)
+
+
+def test_direct_row_without_routes_is_all_sentinel_once_dims_are_agreed(routed):
     source, staged = routed
     fin = Reassembler(source, ReassemblyConfig(**DIRECT))
-    Group().add("grp_g0", staged.receipt_json()).run(fin)               # learns (L, K)
+    agree_on_dims(source, staged, fin)
     plain = stage_rollout(source, "p", golden_specs())
     out = Group().add("p", plain.receipt_json()).run(fin)
     assert out.rows[0].valid
@@ -210,10 +232,10 @@ def test_structural_drop_when_nothing_can_shape_the_route_tensor():
     assert out.routed_experts is None
 
 
-def test_no_structural_drop_once_dims_are_known(routed):
+def test_no_structural_drop_once_dims_are_agreed(routed):
     source, staged = routed
     fin = Reassembler(source, ReassemblyConfig(**DIRECT))
-    Group().add("grp_g0", staged.receipt_json()).run(fin)
+    agree_on_dims(source, staged, fin)
     out = Group(group_id="next").add("a", None).add("b", None).run(fin)
     assert not out.dropped and len(out.rows) == 2
     assert out.routed_experts.shape == (2, 1, L, K) and (out.routed_experts == -1).all()

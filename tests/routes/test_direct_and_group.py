@@ -30,12 +30,12 @@ def test_rollout_without_staged_routes_is_valid_and_routeless():
     assert cache.dims is None
 
 
-def test_success_matches_shared_executor_and_learns_dims():
+def test_success_matches_shared_executor_in_the_rollouts_own_dims():
     case = two_turn()
     cache = RouteDimsCache()
     tensor, reason = execute_direct_plan(case.plan, {**case.fragments, "r/off-chain": None}, cache)
     assert reason is None and torch.equal(tensor, case.expected)
-    assert cache.dims == (L, K)
+    assert cache.dims is None     # one rollout's dims are not the stage's (stage.routes.dims)
     shared, _ = execute_route_plan(case.plan, case.fragments, dims=(L, K), canonical_len=7)
     assert torch.equal(tensor, shared)
 
@@ -43,10 +43,16 @@ def test_success_matches_shared_executor_and_learns_dims():
 def test_dims_come_from_first_fetched_fragment_even_off_chain():
     case = two_turn()
     off_chain = stage_call(routes(9, 2, layers=3, topk=5)).fragment  # manifest order: first
-    cache = RouteDimsCache(dims=(7, 7))  # learned from an earlier rollout; overwritten
+    cache = RouteDimsCache()
     tensor, reason = execute_direct_plan(case.plan, {"r/off-chain": off_chain, **case.fragments}, cache)
-    assert cache.dims == (3, 5)
-    assert (tensor, reason) == (None, "fragment_model_shape")
+    assert (tensor, reason) == (None, "fragment_model_shape") and cache.dims is None
+
+
+def test_a_rollout_whose_dims_are_not_the_agreed_ones_is_rejected_before_execution():
+    case = two_turn()
+    cache = RouteDimsCache(dims=(7, 7))  # agreed by earlier rollouts
+    assert execute_direct_plan(case.plan, case.fragments, cache) == (None, "fragment_model_shape")
+    assert cache.dims == (7, 7)
 
 
 def test_first_fragment_rank_is_checked():
