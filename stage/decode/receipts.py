@@ -10,7 +10,7 @@ import sys
 from stage.buffer import Position, ReceiptItem
 from stage.decode.errors import DecodeError
 from stage.decode.limits import InputLimits
-from stage.finalize.rollout import fits_float32
+from stage.staging import fits_float32
 
 
 def _identifier(value, field: str, limits: InputLimits) -> str:

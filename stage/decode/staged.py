@@ -24,7 +24,7 @@ from stage.contract import StagedCallBaseSnapshot
 from stage.decode.errors import DecodeError
 from stage.decode.limits import InputLimits
 from stage.decode.receipts import _identifier
-from stage.finalize import StagedMedia, StagedRow, TopK
+from stage.staging import StagedMedia, StagedRow, TopK
 from stage.routes import ROUTE_ENCODING_ENVELOPE, ROUTE_ENCODING_LIST, ROUTE_ENCODING_NONE
 from stage.wire import schema, unpack_tensor
 

@@ -20,7 +20,7 @@ from stage.contract.encoding import U64_MAX, is_digest_hex
 from stage.contract.packed import PackedRows
 from stage.decode.limits import InputLimits
 from stage.decode.staged import _SNAPSHOT_FIELDS, staged_columns, staged_row_of
-from stage.finalize import StagedRow
+from stage.staging import StagedRow
 
 
 def _plain_fields(record: dict) -> dict | None:

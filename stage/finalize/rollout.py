@@ -8,7 +8,6 @@ reward and the staging keys known so far.
 from __future__ import annotations
 
 import logging
-import math
 import time
 from dataclasses import dataclass, field
 
@@ -28,6 +27,7 @@ from stage.contract.records import parse_json_text
 from stage.finalize.media import StagedMedia, concat_media, pixels_finite, validate_media
 from stage.finalize.receipt_facts import ReceiptFacts, facts_of_raw, facts_of_receipt
 from stage.finalize.source import FetchedStagedCall, TokenSource
+from stage.staging import fits_float32
 from stage.routes import (
     ConfiguredRouteDims,
     RouteAssemblyPlan,
@@ -62,13 +62,6 @@ class FinalizedRollout:
     topk_logprobs: np.ndarray | None = None       # float32 [len, k]
     facts: ReceiptFacts | None = None             # what group metrics read; None: no receipt
     timings_ms: dict = field(default_factory=dict)  # verify (fetch + verify), routes
-
-
-def fits_float32(value: float) -> bool:
-    """Finite, and finite once rounded to float32: the published width of total_reward and
-    sample_mask (Avro floats), so 1e308 is as unpublishable as inf."""
-    with np.errstate(over="ignore"):
-        return math.isfinite(value) and bool(np.isfinite(np.float32(value)))
 
 
 def _reject(rollout_id: str, reward: float, reason: str, keys=(), **extra) -> FinalizedRollout:

@@ -15,7 +15,7 @@ from stage.buffer.spill import SpillStore
 from stage.client import RolloutStager
 from stage.decode import staged_item
 from stage.finalize import StagedMedia, TopK
-from stage.runtime.intake import SPILLED_ITEM_BYTES
+from stage.runtime.steps.intake import SPILLED_ITEM_BYTES
 from stage.wire import AvroCodec, TopicNames, pack_tensor
 
 CODEC = AvroCodec("StagedCall", budget=False)
@@ -43,7 +43,7 @@ def make_buffer(tmp_path) -> PartitionBuffer:
 
 
 def admit(buffer: PartitionBuffer, value: dict, offset: int, *, spill: bool) -> str:
-    """What the intake step does with one record (stage.runtime.intake), spilling it if asked."""
+    """What the intake step does with one record (stage.runtime.steps.intake), spilling it if asked."""
     data = CODEC.encode(value)
     item = staged_item(CODEC.decode(data), Position(S, 0, offset, 0), len(data))
     outcome = buffer.add_staged(item, 0)

@@ -15,8 +15,8 @@ from stage.decode import InputLimits, staged_item
 from stage.decode.receipts import receipt_item
 from stage.finalize import ReassemblyConfig
 from stage.routes import RouteDimsCache
-from stage.runtime.intake import SPILLED_ITEM_BYTES
-from stage.runtime.worker import finalize_and_encode
+from stage.runtime.steps.intake import SPILLED_ITEM_BYTES
+from stage.runtime.task.finalize_task import finalize_and_encode
 from stage.wire import AvroCodec, TopicNames
 from stage.workload import WorkloadConfig, generate
 

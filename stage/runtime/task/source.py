@@ -9,7 +9,8 @@ from __future__ import annotations
 from stage.buffer import StagedItem
 from stage.decode import InputLimits, release_routes, staged_row
 from stage.decode.staged_batch import staged_rows
-from stage.finalize import FetchedStagedCall, StagedMedia, StagedRow
+from stage.finalize import FetchedStagedCall
+from stage.staging import StagedMedia, StagedRow
 from stage.finalize.source import fetched_from_rows
 
 
