@@ -76,3 +76,9 @@ def test_the_code_layout_names_every_package_and_runtime_module():
         if f"`{path.name}`" not in layout or (str(folder) != "." and f"`{folder}/`" not in layout):
             missing.append(str(path.relative_to(STAGE)))
     assert missing == []
+
+
+def test_imports_run_with_the_data_decode_imports_nothing_downstream():
+    graph = _package_graph()
+    assert graph.get("decode", set()) & {"finalize", "publish", "runtime"} == set()
+    assert graph.get("staging", set()) & {"decode", "finalize", "publish", "runtime"} == set()
