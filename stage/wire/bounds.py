@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .errors import WireError
-from .guard import PRIMITIVES, named_types
+from .guard import PRIMITIVES, fixed_size, named_types
 
 # The default budget of an input record: 16x its bytes + 64 KiB keeps the decoded objects of
 # any input record under ~20x its size (tests/wire/test_bounds.py measures it with tracemalloc)
@@ -112,6 +112,8 @@ class DecodeBudget:
         try:
             entry, self._cost, _ = gen.function(parsed, what)
             namespace = gen.compile()
+        except WireError:
+            raise
         except (RecursionError, SyntaxError, MemoryError):
             raise WireError(f"{what}: the schema is too deeply nested to vet") from None
         except (KeyError, TypeError, ValueError) as e:   # fastavro parsed something we cannot walk
@@ -202,9 +204,7 @@ class _Generator:
             out += _skip_varint(pad)
             return 0, 1
         if kind == "fixed":
-            size = node["size"]
-            if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-                raise WireError(f"{self.what}: fixed size {size!r} is not a count of bytes")
+            size = fixed_size(node, self.what)
             _advance(out, pad, size)
             return _BYTES + size, size
         if kind in ("array", "map"):

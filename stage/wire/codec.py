@@ -2,8 +2,10 @@
 
 Decoding input is untrusted: whatever the bytes are, ``decode`` returns a schema-valid dict
 or raises ``WireError``. The defences, in order: a byte cap before anything is read (the
-record kind's own cap: ``record_cap``); the 5-byte header; writer schemas vetted by
-``check_decodable`` (no recursion, no zero-width array items) before use; for the input records,
+record kind's own cap: ``record_cap``); the 5-byte header; registry writer schemas reduced to
+how their records are laid out (``stage.wire.writers``: every field read as our schema types
+it, the writer's logical types ignored) and vetted by ``check_decodable`` (no recursion, no
+zero-width array items, ``fixed`` sizes that are counts) before use; for the input records,
 the decode budget (``stage.wire.bounds``): a walk of the bytes that refuses lengths and counts
 the input cannot hold and records whose decoded objects would exceed 16x their size + 64 KiB,
 before fastavro builds anything; fastavro reading from a BytesIO, whose ``read(n)`` returns at
@@ -15,20 +17,20 @@ values need no check: whatever index fastavro reads, it returns a value of the s
 from __future__ import annotations
 
 import io
-import json
 import os
 import time
 from collections.abc import Mapping
 from typing import Any
 
-from fastavro import parse_schema, schemaless_reader, schemaless_writer
+from fastavro import schemaless_reader, schemaless_writer
 from fastavro.schema import to_parsing_canonical_form
 from fastavro.validation import validate
 
 from .bounds import DecodeBudget
 from .errors import RegistryError, SchemaNotCached, WireError
-from .guard import check_decodable, find_error, int_range_checker, named_types
+from .guard import find_error, int_range_checker, named_types
 from .schemas import schema, schema_json
+from .writers import writer_encoding
 
 MAGIC = 0  # Confluent wire format v0: magic byte 0x00 + 4-byte big-endian schema id
 HEADER_BYTES = 5
@@ -277,17 +279,14 @@ class AvroCodec:
         if getattr(registered, "references", None):
             raise WireError(f"schema id {schema_id} uses schema references; register "
                             "self-contained schemas (stage.wire.schema_json)")
-        try:
-            parsed = parse_schema(json.loads(registered.schema_str), named_schemas={})
-        except Exception as e:
-            raise WireError(f"schema id {schema_id} is not a valid Avro schema: {e}") from None
-        check_decodable(parsed, f"schema id {schema_id}")
-        if to_parsing_canonical_form(parsed) == self._canonical:
+        what = f"schema id {schema_id}"
+        writer, canonical = writer_encoding(registered.schema_str, what)
+        if canonical == self._canonical:
             return None
         if self.decode_budget is not None:
             self._writer_budgets[schema_id] = DecodeBudget(
-                parsed, f"{self.schema_name} (schema id {schema_id})", reader=self.schema)
-        return parsed
+                writer, f"{self.schema_name} ({what})", reader=self.schema)
+        return writer
 
 
 # 4xx answers that refuse the client, not the input: timeouts, throttling, credentials or

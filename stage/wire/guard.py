@@ -3,8 +3,9 @@
 ``check_decodable``: fastavro's C reader trusts the writer schema. A recursive schema lets
 input nest as deep as it is long (measured: a 100 kB record segfaults the interpreter), and an
 array whose items encode in zero bytes (``null``, an empty record) lets a one-byte block count
-claim 2^60 items that the reader then loops over and allocates. Our schemas have neither; a
-writer schema fetched from a registry is checked before it is ever used to read bytes.
+claim 2^60 items that the reader then loops over and allocates. fastavro's parser also takes
+any JSON value as a ``fixed`` size (``"16"``, ``null``, ``[1]``). Our schemas have none of
+these; a writer schema fetched from a registry is checked before it is ever used to read bytes.
 
 ``find_error``: fastavro's validator names the enclosing *named type*
 (``PackedTensor.shape``), not the path, and prints the whole datum (megabytes of bytes). This
@@ -29,8 +30,19 @@ def named_types(parsed: Any) -> Mapping[str, Any]:
 
 
 def check_decodable(parsed: Any, what: str) -> None:
-    """Raise WireError if ``parsed`` is recursive or has an array of zero-width items."""
+    """Raise WireError if ``parsed`` is recursive, has an array of zero-width items or a
+    ``fixed`` whose size is not a count of bytes."""
     _min_bytes(parsed, named_types(parsed), (), {}, what)
+
+
+def fixed_size(node: Mapping[str, Any], what: str) -> int:
+    """The byte count of a ``fixed`` node. fastavro's parser takes any JSON value for ``size``
+    (``"16"``, ``null``, ``[1]``, ``true``); Avro allows a non-negative integer only."""
+    size = node.get("size")
+    if type(size) is not int or size < 0:
+        raise WireError(f"{what}: fixed {node.get('name')!r} size {size!r} is not a count of "
+                        "bytes (a non-negative integer)")
+    return size
 
 
 def _min_bytes(node: Any, named: Mapping[str, Any], stack: tuple, memo: dict, what: str) -> int:
@@ -57,7 +69,7 @@ def _min_bytes(node: Any, named: Mapping[str, Any], stack: tuple, memo: dict, wh
     if kind == "enum":
         return 1
     if kind == "fixed":
-        return node["size"]
+        return fixed_size(node, what)
     if kind == "array":
         if _min_bytes(node["items"], named, stack, memo, what) == 0:
             raise WireError(f"{what}: array items encode in zero bytes, so a block count alone "
