@@ -22,7 +22,7 @@ from fastavro.validation import validate
 from stage.config.model import StageConfig
 from stage.debug.deadletters import Replayer, group_of, input_schemas, parse
 from stage.debug.kafka import Record
-from stage.runtime.registry import SchemaResolver
+from stage.runtime.kafka.registry import SchemaResolver
 from stage.wire import AvroCodec, RegistryError, WireError, schema_json, schema_names
 from tests.wire.samples import expected, receipt_missing, staged_call_record
 
