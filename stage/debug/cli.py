@@ -70,8 +70,8 @@ def _filter_options(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("--source-partition", type=int, help="only from this source partition (default: any)")
     sub.add_argument("--key", metavar="GROUP_ID",
                      help="only the dead letters of this group: keyed so, or naming it in their "
-                          "value under another key (misrouted); replay selects only those whose "
-                          "value names it (default: any)")
+                          "value under another key (misrouted); list and replay select the same "
+                          "ones (default: any)")
     sub.add_argument("--grep", metavar="TEXT", help="only errors containing TEXT (default: any)")
     _window_options(sub, "dead letters")
 
@@ -182,8 +182,7 @@ def _filters(args):
     return Filters(error_classes=set(args.error_class), source_topic=args.source_topic,
                    source_partition=args.source_partition,
                    key=None if args.key is None else args.key.encode("utf-8"), grep=args.grep,
-                   at=set(getattr(args, "at", []) or []),
-                   of_group_only=args.dead_letters_command == "replay")
+                   at=set(getattr(args, "at", []) or []))
 
 
 def _dead_letters(args, cfg, reader) -> int:
@@ -213,15 +212,7 @@ def _dead_letters(args, cfg, reader) -> int:
     replayer = dl.Replayer(cfg, reader, codecs, log_topic=log_topic, rekey=args.rekey,
                            dry_run=args.dry_run, into_published=args.into_published)
     replayer.prepare()
-    passed_over: list = []
-    views, _ = dl.find(cfg, reader, filters, since_ms=args.since, until_ms=args.until, codecs=codecs,
-                       passed_over=passed_over)
-    if passed_over:
-        where = ", ".join(f"{v.record.topic}[{v.record.partition}]@{v.record.offset}" for v in passed_over[:5])
-        print(f"note: {len(passed_over)} dead letter(s) keyed {args.key!r} name no group of that id (the "
-              f"value does not decode, or names another group), so --key does not select them: {where}"
-              f"{' ...' if len(passed_over) > 5 else ''}. `dead-letters list --key {args.key}` shows "
-              f"them; --at PARTITION:OFFSET selects one", file=sys.stderr)
+    views, _ = dl.find(cfg, reader, filters, since_ms=args.since, until_ms=args.until, codecs=codecs)
     results = []
     for view in views:
         status, detail, target = replayer.plan(view)
@@ -241,8 +232,8 @@ def _dead_letters(args, cfg, reader) -> int:
     counts = {s: sum(1 for r in results if r["status"] == s)
               for s in ("replayed", "would_replay", "already_replayed", "refused")}
     if args.json:
-        print(json.dumps({"replay_log": log_topic, "counts": counts, "results": results,
-                          "passed_over": [v.as_dict() for v in passed_over]}, indent=2, sort_keys=True))
+        print(json.dumps({"replay_log": log_topic, "counts": counts, "results": results},
+                         indent=2, sort_keys=True))
     else:
         for r in results:
             d = r["dead_letter"]

@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 import socket
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -121,10 +121,9 @@ def group_of(view: DeadLetterView, codecs: dict, inputs: dict[str, str]) -> str 
 
 @dataclass
 class Filters:
-    """What to select. ``key`` (a group id as bytes) selects the dead letters of that group:
-    keyed so, or whose value names the group under another key (misrouted). With
-    ``of_group_only`` (replay) the value must name the group: a record merely keyed so whose
-    value does not decode names no group, and is passed over (it could not be replayed)."""
+    """What to select; ``list`` and ``replay`` select the same records with the same filters.
+    ``key`` (a group id as bytes) selects the dead letters of that group: keyed so, or whose
+    value names the group under another key (misrouted)."""
 
     error_classes: set = field(default_factory=set)
     source_topic: str | None = None
@@ -132,7 +131,6 @@ class Filters:
     key: bytes | None = None
     grep: str | None = None
     at: set = field(default_factory=set)     # {(dead-letter partition, offset)}
-    of_group_only: bool = False
 
     def __post_init__(self) -> None:
         unknown = set(self.error_classes) - set(ERROR_CLASSES)
@@ -154,21 +152,17 @@ class Filters:
                 and (self.key is None or self._of_group(view, group)))
 
     def _of_group(self, view: DeadLetterView, group) -> bool:
-        if group is None:
+        if view.record.key == self.key or group is None:
             return view.record.key == self.key
         named = group()
-        if self.of_group_only:
-            return named is not None and named.encode("utf-8") == self.key
-        return view.record.key == self.key or (named is not None and named.encode("utf-8") == self.key)
+        return named is not None and named.encode("utf-8") == self.key
 
 
 def find(cfg: StageConfig, reader: PartitionReader, filters: Filters, *, since_ms: int | None = None,
-         until_ms: int | None = None, codecs: dict | None = None,
-         passed_over: list | None = None) -> tuple[list[DeadLetterView], int]:
+         until_ms: int | None = None, codecs: dict | None = None) -> tuple[list[DeadLetterView], int]:
     """Every dead letter matching ``filters`` between the two times (offset order per
     partition), and how many records were read. With ``codecs`` a key filter also looks at the
-    group id each value names (Filters); dead letters keyed so but passed over because their
-    value names no such group are appended to ``passed_over``."""
+    group id each value names (Filters)."""
     topic = cfg.topics.dead_letter
     count = reader.partitions(topic)
     if count is None:
@@ -179,17 +173,10 @@ def find(cfg: StageConfig, reader: PartitionReader, filters: Filters, *, since_m
         raise ValueError(f"{topic} has {count} partitions, --at names partition(s) "
                          f"{sorted(p for p in wanted if p >= count)}")
     inputs = input_schemas(cfg)
-    others = replace(filters, key=None, of_group_only=False)    # every filter but the key
 
     def keep(record) -> bool:
         view = parse(record)
-        group = None if codecs is None else (lambda: group_of(view, codecs, inputs))
-        if filters.match(view, group):
-            return True
-        if (passed_over is not None and filters.of_group_only and filters.key is not None
-                and view.record.key == filters.key and others.match(view)):
-            passed_over.append(view)      # keyed so, but its value names no such group
-        return False
+        return filters.match(view, None if codecs is None else (lambda: group_of(view, codecs, inputs)))
 
     for p in sorted(wanted):
         low, high = reader.bounds(topic, p)

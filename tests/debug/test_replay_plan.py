@@ -8,9 +8,10 @@ import json
 
 import pytest
 
+from stage.cli import _parser
 from stage.config.model import StageConfig
-from stage.debug.cli import _codecs
-from stage.debug.deadletters import REPLAY_HEADER, Replayer, parse, read_markers, replay_log_topic
+from stage.debug.cli import _codecs, _filters
+from stage.debug.deadletters import REPLAY_HEADER, Replayer, find, parse, read_markers, replay_log_topic
 from stage.debug.kafka import Record
 from stage.debug.text import dead_letter_lines
 from stage.publish.deadletters import DeadLetter
@@ -111,3 +112,20 @@ def test_a_replayed_copy_dead_lettered_again_is_not_replayed_again():
 def test_a_misrouted_record_is_still_replayable():
     replayer, reader = planner([dead_letter(receipt_bytes(), "misrouted")])
     assert plans(replayer, reader)[0][0] == "would_replay"
+
+
+def test_replay_key_selects_what_list_key_shows():
+    """Issue 27 item 6: records produced with a wrong key are listed by `list --key KEY`, but
+    `replay --key KEY` selected none of them (it wanted the value to name KEY) and exited 0."""
+    wrong_key = dead_letter(receipt_bytes("g"), "misrouted", key=b"wrong")
+    garbage = dead_letter(b"\x00junk", "undecodable", key=b"wrong")
+    named = dead_letter(receipt_bytes("wrong"), "misrouted", key=b"third")
+    unrelated = dead_letter(receipt_bytes("h"), "misrouted", key=b"h")
+    reader = MemoryReader({DL: [[wrong_key, garbage, named, unrelated]]})
+    selected = {}
+    for command in ("list", "replay"):
+        args = _parser().parse_args(["dead-letters", command, "--key", "wrong"])
+        views, _ = find(CFG, reader, _filters(args), codecs=CODECS)
+        selected[command] = [v.record.offset for v in views]
+    assert selected["list"] == [0, 1, 2]
+    assert selected["replay"] == selected["list"]
