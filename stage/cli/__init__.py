@@ -125,6 +125,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "topics":
         return _topics_command(args)
     if args.command == "broker":
+        if args.create_topics:      # its topic names come from --config: checked before Kafka starts
+            _, status = _checked(_load, args)
+            if status is not None:
+                return status
         from stage.brokers.dev import main as broker_main
         return broker_main(args)
     if args.command == "demo":
@@ -141,8 +145,20 @@ def main(argv: list[str] | None = None) -> int:
 
 def _load(args):
     from stage.config.model import load_config
-    overrides = {"bootstrap_servers": args.bootstrap_servers} if args.bootstrap_servers is not None else {}
-    return load_config(args.config, overrides=overrides)
+    servers = getattr(args, "bootstrap_servers", None)
+    return load_config(args.config, overrides={} if servers is None else {"bootstrap_servers": servers})
+
+
+def _checked(step, args):
+    """(``step(args)``, None), or (None, EXIT_CONFIG) after printing why: a value, file or
+    variable the settings model refuses, named with its source. EXIT_CONFIG is the one status of
+    a configuration error in every command (docs/configuration.md)."""
+    try:
+        return step(args), None
+    except (OSError, ValueError) as error:
+        from stage.runtime.exits import EXIT_CONFIG
+        print(f"configuration error: {error}", file=sys.stderr)
+        return None, EXIT_CONFIG
 
 
 def _configure(args):
@@ -150,16 +166,14 @@ def _configure(args):
     import logging
     logging.basicConfig(level=getattr(args, "log_level", "INFO"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
+
+    def load(args):
         if args.command == "run":
             import os
             from stage.runtime.logs import apply_rejection_log_level
             apply_rejection_log_level(os.environ)
-        return _load(args), None
-    except (OSError, ValueError) as error:
-        from stage.runtime.exits import EXIT_CONFIG
-        print(f"configuration error: {error}", file=sys.stderr)
-        return None, EXIT_CONFIG
+        return _load(args)
+    return _checked(load, args)
 
 
 def _topics_command(args) -> int:

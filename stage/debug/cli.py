@@ -10,8 +10,9 @@ import time
 from datetime import datetime, timezone
 
 from stage.publish.deadletters import ERROR_CLASSES
+from stage.runtime.exits import EXIT_CONFIG, EXIT_OK, EXIT_USAGE
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+EXIT_FAILED = 1
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
 _UNITS = {"s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 
@@ -85,7 +86,7 @@ def add_parsers(commands) -> None:
                     "and rejection reason, its route plans, its ledger entry, its staging keys, "
                     "the partitions and offsets of its input records and dead letters keyed by "
                     "it. Scans are bounded by the summary's timestamps. Exit status 0 when a "
-                    "summary was found, 1 when not, 2 for a usage or configuration error.")
+                    "summary was found, 1 when not, 2 for a usage error, 3 for a configuration error.")
     inspect.add_argument("group_id", metavar="GROUP_ID", help="the prompt group id (the Kafka key)")
     _config_options(inspect)
     _window_options(inspect, "summaries (and, without a summary, inputs)")
@@ -98,8 +99,8 @@ def add_parsers(commands) -> None:
     listing = actions.add_parser(
         "list", help="list dead letters (source coordinates, error, size, replayed or not)",
         description="List dead letters with their source topic/partition/offset, error class, "
-                    "error and value size, and whether they were re-produced. Exit status 0, or "
-                    "2 for a usage or configuration error.")
+                    "error and value size, and whether they were re-produced. Exit status 0, "
+                    "2 for a usage error, 3 for a configuration error.")
     _config_options(listing)
     _filter_options(listing)
     listing.add_argument("--limit", type=int, default=100,
@@ -112,7 +113,7 @@ def add_parsers(commands) -> None:
                     "filters, --at, or --all. A record of a group the ledger says is published "
                     "is refused (the stage would count the copy late) unless --into-published. "
                     "Exit status 0 when every selected record was re-produced (now or before), "
-                    "1 when one was refused, 2 for a usage or configuration error.")
+                    "1 when one was refused, 2 for a usage error, 3 for a configuration error.")
     _config_options(replay)
     _filter_options(replay)
     replay.add_argument("--at", action="append", type=_at, default=[], metavar="PARTITION:OFFSET",
@@ -140,9 +141,9 @@ def main(args, load_config) -> int:
     from confluent_kafka import KafkaException
     try:
         cfg = load_config(args)
-    except (OSError, ValueError) as error:
+    except (OSError, ValueError) as error:    # the same message and status as every command's
         print(f"configuration error: {error}", file=sys.stderr)
-        return EXIT_USAGE
+        return EXIT_CONFIG
     from stage.debug.kafka import PartitionReader, Progress
     reader = PartitionReader(cfg, "inspect" if args.command == "inspect" else "dead-letters",
                              Progress(not args.quiet))
