@@ -50,11 +50,13 @@ def _add_runtime_parsers(commands) -> None:
     topics_cmd = topics.add_subparsers(dest="topics_command", required=True, metavar="ACTION")
     create = add_parser(
         topics_cmd, "create", "create missing topics (co-partitioned, ledger compacted); existing "
-        "topics must match the request, else exit 1",
+        "topics that differ from the request are reported, exit 1",
         description="Create the stage's missing topics with the same partition count, "
                     "min.insync.replicas on every topic and a compacted ledger, then check the layout. "
-                    "Existing topics that differ (partitions, replication, configs) are reported and "
-                    "the exit status is 1. The defaults suit a production cluster (exactly-once "
+                    "Existing topics that differ in replication or configs are reported (exit status "
+                    "1) and the missing ones are created all the same; when an existing topic has "
+                    "another partition count, nothing is created (ask for its count). The defaults "
+                    "suit a production cluster (exactly-once "
                     "needs 3 replicas and min ISR 2); a single development broker needs "
                     "--replication 1 --min-insync-replicas 1.")
     _add_config_options(create)
@@ -181,19 +183,24 @@ def _topics_command(args) -> int:
     from confluent_kafka.admin import AdminClient
 
     from stage.runtime.topics import (
-        TopologyError, check_copartitioning, create_topics, durability_warnings,
+        TopicsDiffer, TopologyError, check_copartitioning, create_topics, durability_warnings,
     )
     cfg, status = _configure(args)
     if cfg is None:
         return status
     admin = AdminClient({"bootstrap.servers": cfg.bootstrap_servers, **cfg.kafka})
+    differ = False
     try:
         if args.topics_command == "create":
-            created = create_topics(admin, cfg, partitions=args.partitions,
-                                    replication=args.replication,
-                                    min_insync_replicas=args.min_insync_replicas,
-                                    max_message_bytes=args.max_message_bytes)
-            print("created: " + (", ".join(created) if created else "nothing (all exist)"))
+            try:
+                created = create_topics(admin, cfg, partitions=args.partitions,
+                                        replication=args.replication,
+                                        min_insync_replicas=args.min_insync_replicas,
+                                        max_message_bytes=args.max_message_bytes)
+            except TopicsDiffer as error:   # the missing ones were created all the same
+                created, differ = error.created, True
+                print(f"topology error: {error}", file=sys.stderr)
+            print("created: " + (", ".join(created) if created else "nothing" if differ else "nothing (all exist)"))
         print(f"ok: {check_copartitioning(admin, cfg)} partitions per topic")
         weak = durability_warnings(admin, cfg)
         for line in weak:
@@ -204,7 +211,7 @@ def _topics_command(args) -> int:
                   "min.insync.replicas with kafka-configs.sh)", file=sys.stderr)
             if getattr(args, "require_durable", False):
                 return 1
-        return 0
+        return 1 if differ else 0
     except TopologyError as error:
         print(f"topology error: {error}", file=sys.stderr)
         return 1
