@@ -13,9 +13,16 @@
 #
 # Every command reads the stage's own config (topics, bootstrap servers, client security) and
 # honours the same environment (KAFKA_BOOTSTRAP_SERVERS, ROLLOUT_REASSEMBLER_*).
-# RR names the command line (default: rollout-reassembler; e.g. RR="python -m stage").
+# The commands run from the checkout's .venv (`make install`), as the README's do, activated or
+# not; without one, from PATH. RR names the command line and PYTHON the interpreter with the
+# package installed (e.g. RR="python -m stage" PYTHON=python).
 set -euo pipefail
 CONFIG=${1:-examples/stage.yaml}
+VENV_BIN="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/.venv/bin"
+if [[ -x "$VENV_BIN/rollout-reassembler" ]]; then
+  RR=${RR:-$VENV_BIN/rollout-reassembler}
+  PYTHON=${PYTHON:-$VENV_BIN/python}
+fi
 RR=${RR:-rollout-reassembler}
 PYTHON=${PYTHON:-python3}
 GROUP=${GROUP:-incident-$(date +%s)}

@@ -163,10 +163,15 @@ def test_producer_fleet_then_a_trainer_that_resumes_from_its_checkpoint(local_st
 
 
 def test_the_operator_session(local_stage):
-    env_rr = {**local_stage.env, "RR": f"{sys.executable} -m stage", "PYTHON": sys.executable,
-              "GROUP": "g-0042"}
+    """Run as a user runs it: no venv activated (issue 27 item 5: `No module named 'numpy'`
+    from the system python), so neither the venv's bin nor RR/PYTHON are given."""
+    venv_bin = str(Path(sys.executable).parent)
+    path = os.pathsep.join(d for d in os.environ.get("PATH", "").split(os.pathsep)
+                           if d and Path(d).resolve() != Path(venv_bin).resolve())
+    env = {k: v for k, v in local_stage.env.items() if k not in ("RR", "PYTHON", "VIRTUAL_ENV")}
+    env.update(PATH=path or "/usr/bin:/bin", GROUP="g-0042")
     proc = subprocess.run(["bash", str(EXAMPLES / "operator_session.sh"), str(STAGE_YAML)], cwd=ROOT,
-                          env=env_rr, capture_output=True, text=True, timeout=600)
+                          env=env, capture_output=True, text=True, timeout=600)
     out = proc.stdout
     assert proc.returncode == 0, out + proc.stderr
     steps = out.split("$ rollout-reassembler ")[1:]
