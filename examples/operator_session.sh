@@ -41,14 +41,16 @@ import sys
 
 import numpy as np
 
-from stage.client import ReceiptEmitter, RolloutStager, StagingProducer
+from stage.client import BrokerUnreachable, ReceiptEmitter, RolloutStager, StagingProducer
 from stage.config.model import load_config
 from stage.wire.partitioner import partition_for
 
 cfg = load_config(sys.argv[1])                  # the stage's topics and brokers, as the CLI reads them
 group_id, size = sys.argv[2], 4
 rng = np.random.default_rng(42)
-with StagingProducer(cfg.bootstrap_servers, topics=cfg.topics) as producer:
+
+
+def incident(producer: StagingProducer) -> None:
     emitter = ReceiptEmitter(producer, group_id=group_id, group_size=size, prompt_idx=42)
     for i in range(size):
         stager = RolloutStager(producer, group_id=group_id, rollout_id=f"{group_id}-r{i}")
@@ -63,6 +65,13 @@ with StagingProducer(cfg.bootstrap_servers, topics=cfg.topics) as producer:
         value = emitter.event(i, stager.receipt(), reward=0.0)
         producer.producer.produce(cfg.topics.receipts, key=group_id.encode(), partition=wrong,
                                   value=producer.codecs["ReceiptEvent"].encode(value))
+
+
+try:
+    with StagingProducer(cfg.bootstrap_servers, topics=cfg.topics) as producer:
+        incident(producer)
+except BrokerUnreachable as error:              # one line naming the address, no traceback
+    sys.exit(f"operator_session.sh: {error}")
 print(f"produced group {group_id}: 4 staged calls, 3 receipts where they belong, 1 on the wrong partition")
 PY
 

@@ -30,13 +30,20 @@ import time
 
 import torch
 
-from stage.client import CanonicalReader, Staleness
+from stage.client import BrokerUnreachable, CanonicalReader, Staleness
 from stage.wire import TopicNames
 
 
 def topic_names(prefix: str) -> TopicNames:
     """The stage's topics (``topics:`` of its config): the default names, with a prefix."""
     return TopicNames(**{role: prefix + name for role, name in TopicNames().all().items()})
+
+
+def unreachable(prog: str, error: Exception) -> int:
+    """One line for a broker that does not answer (no traceback), naming this program's setting."""
+    print(f"{prog}: {error}; here the address is --bootstrap-servers (default: "
+          "$KAFKA_BOOTSTRAP_SERVERS, else 127.0.0.1:9092)", file=sys.stderr)
+    return 1
 
 
 class Policy(torch.nn.Module):
@@ -124,12 +131,15 @@ def main(argv=None) -> int:
                                           "optimizer": optimizer.state_dict()})
         reader.commit()      # after the checkpoint: offsets for `kafka-consumer-groups --describe`
 
-    reader = CanonicalReader(
-        args.bootstrap_servers, topics=topic_names(args.topic_prefix), group_id=args.reader_group_id,
-        subscribe=False,                  # assign every partition; the checkpoint says where to start
-        start_from=state["reader"],       # None: the group's committed offsets, else the beginning
-        device=args.device,
-        staleness=Staleness(max_weight_version_lag=args.max_lag, on_stale="hold"))
+    try:
+        reader = CanonicalReader(
+            args.bootstrap_servers, topics=topic_names(args.topic_prefix), group_id=args.reader_group_id,
+            subscribe=False,                  # assign every partition; the checkpoint says where to start
+            start_from=state["reader"],       # None: the group's committed offsets, else the beginning
+            device=args.device,
+            staleness=Staleness(max_weight_version_lag=args.max_lag, on_stale="hold"))
+    except BrokerUnreachable as error:        # no broker at that address: one line, no traceback
+        return unreachable("trainer_loop.py", error)
     reader.set_weight_version(state["weight_version"])
 
     stopping = []

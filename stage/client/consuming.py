@@ -8,6 +8,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException
 
+from stage.client.connection import kafka_logger
 from stage.wire import AvroCodec, value_subject
 
 
@@ -41,7 +42,7 @@ def reader_defaults(bootstrap_servers: str, group_id: str,
                     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> dict:
     return {"bootstrap.servers": bootstrap_servers, "group.id": group_id,
             "enable.auto.commit": False, "auto.offset.reset": "earliest",
-            "isolation.level": "read_committed", **fetch_limits(max_record_bytes)}
+            "isolation.level": "read_committed", "logger": kafka_logger(), **fetch_limits(max_record_bytes)}
 
 
 def codec_for(name: str, topic: str, framing: str, schema_registry_url: str | None,

@@ -33,6 +33,7 @@ from stage.client.assembly import (
     route_plan_from_record,
     row_from_record,
 )
+from stage.client.connection import DEFAULT_CONNECT_TIMEOUT_S, reach
 from stage.client.consuming import (
     DEFAULT_MAX_RECORD_BYTES,
     UnreadableRecord,
@@ -81,6 +82,9 @@ class CanonicalReader:
     or a complete group whose rows' tensors cannot be built, stops it: ``UnreadableRecord`` is
     raised, now and on every later read, and the position never moves past the record (a
     checkpointing trainer restarts from before it once the cause is fixed).
+
+    ``connect_timeout``: the reader asks the cluster for its metadata when it is created, at
+    most this long; ``BrokerUnreachable`` (one line naming the address) when no broker answers.
     """
 
     def __init__(self, bootstrap_servers: str, *, topics: TopicNames | None = None,
@@ -91,7 +95,8 @@ class CanonicalReader:
                  start_from: ReadPosition | Mapping | None = None, staleness: Staleness | None = None,
                  max_pending_records: int = DEFAULT_MAX_PENDING_RECORDS,
                  remember_records: int = DEFAULT_REMEMBER_RECORDS,
-                 max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> None:
+                 max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+                 connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S) -> None:
         self.topics = topics or TopicNames()
         self.max_record_bytes = int(max_record_bytes)
         self.codecs = {self.topics.canonical_rows: ("rows", codec_for(
@@ -118,16 +123,16 @@ class CanonicalReader:
         conf = {**reader_defaults(bootstrap_servers, group_id or f"canonical-reader-{uuid.uuid4().hex}",
                                   self.max_record_bytes), **(config or {})}
         self.consumer = Consumer(conf)
+        metadata = reach(self.consumer, bootstrap_servers, "CanonicalReader", connect_timeout)
         names = list(self.codecs)
         if self.subscribed:
             self.consumer.subscribe(names, on_assign=self._on_assign, on_revoke=self._on_revoke,
                                     on_lost=self._on_revoke)
         else:
-            self._assign_all(names, start_from)
+            self._assign_all(names, start_from, metadata)
 
     # -- partitions --------------------------------------------------------------------------
-    def _assign_all(self, names: list[str], start: ReadPosition | None) -> None:
-        metadata = self.consumer.list_topics(timeout=30)
+    def _assign_all(self, names: list[str], start: ReadPosition | None, metadata) -> None:
         tps = []
         for name in names:
             topic = metadata.topics.get(name)

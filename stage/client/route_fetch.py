@@ -26,6 +26,7 @@ import torch
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from stage.client.assembly import TrainingGroup, route_plan_from_record
+from stage.client.connection import DEFAULT_CONNECT_TIMEOUT_S, reach
 from stage.client.consuming import DEFAULT_MAX_RECORD_BYTES, codec_for, reader_defaults, take
 from stage.decode import staged_route_fragment
 from stage.routes import (
@@ -82,6 +83,9 @@ class DeferredRouteFetcher:
     rows' assembly on ``verify_threads`` threads (default: up to 4 cores; 1: all inline, in the
     executor). ``max_record_bytes``: the stage's (as for
     CanonicalReader): the StagedCall decode cap and the fetch limits follow it.
+    ``connect_timeout``: the first fetch that needs the broker asks the cluster for its
+    metadata, at most this long; ``BrokerUnreachable`` (one line naming the address) when no
+    broker answers, rather than every row's routes failing one fetch timeout after another.
     """
 
     def __init__(self, bootstrap_servers: str, *, dims: tuple[int, int], device="cpu",
@@ -90,7 +94,8 @@ class DeferredRouteFetcher:
                  schema_registry_config: Mapping[str, Any] | None = None, timeout: float = 10.0,
                  cache_bytes: int = DEFAULT_CACHE_BYTES, max_gap: int = 256,
                  verify_threads: int | None = None,
-                 max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> None:
+                 max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+                 connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S) -> None:
         if cache_bytes < 0:
             raise ValueError(f"cache_bytes must be >= 0, got {cache_bytes}")
         self.dims = (int(dims[0]), int(dims[1]))
@@ -112,6 +117,8 @@ class DeferredRouteFetcher:
                 "enable.partition.eof": True, "fetch.wait.max.ms": 10, "auto.offset.reset": "error",
                 **(config or {})}
         self.consumer = Consumer(conf)
+        self.bootstrap_servers, self.connect_timeout = bootstrap_servers, connect_timeout
+        self._reached = False      # set by the first fetch that needs the broker
         self.failures: Counter = Counter()
         self.executed = 0
         self.fetched = 0
@@ -136,6 +143,9 @@ class DeferredRouteFetcher:
         for topic, partition, offset in wanted:
             if (topic, partition, offset) not in out:
                 by_tp.setdefault((topic, partition), []).append(offset)
+        if by_tp and not self._reached:
+            reach(self.consumer, self.bootstrap_servers, "DeferredRouteFetcher", self.connect_timeout)
+            self._reached = True
         for (topic, partition), offsets in by_tp.items():
             run = [offsets[0]]
             for offset in offsets[1:]:

@@ -228,6 +228,9 @@ def test_every_reader_limit_follows_max_record_bytes(monkeypatch, max_record_byt
         def subscribe(self, *args, **kwargs):
             pass
 
+        def list_topics(self, *args, **kwargs):   # the reader's first contact
+            return None
+
     monkeypatch.setattr(reader_module, "Consumer", Captured)
     monkeypatch.setattr(fetch_module, "Consumer", Captured)
     reader = reader_module.CanonicalReader("b:9092", group_id="t", route_plans=True,
