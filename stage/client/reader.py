@@ -36,8 +36,10 @@ from stage.client.assembly import (
 from stage.client.connection import DEFAULT_CONNECT_TIMEOUT_S, reach
 from stage.client.consuming import (
     DEFAULT_MAX_RECORD_BYTES,
+    ClientLog,
     UnreadableRecord,
     codec_for,
+    oversize_error,
     reader_defaults,
     retrying,
     take,
@@ -120,8 +122,10 @@ class CanonicalReader:
                                   max_pending_records=max_pending_records,
                                   remember_records=remember_records)
         self.stopped: UnreadableRecord | None = None   # set once: every later read raises it
+        self._log = ClientLog()      # librdkafka's lines; it only logs a fetch too large to receive
         conf = {**reader_defaults(bootstrap_servers, group_id or f"canonical-reader-{uuid.uuid4().hex}",
-                                  self.max_record_bytes), **(config or {})}
+                                  self.max_record_bytes), "logger": self._log, **(config or {})}
+        self._conf = conf
         self.consumer = Consumer(conf)
         metadata = reach(self.consumer, bootstrap_servers, "CanonicalReader", connect_timeout)
         names = list(self.codecs)
@@ -238,6 +242,36 @@ class CanonicalReader:
             group_id, (topic, partition, offset), error = unusable
             self._stop(UnreadableRecord(f"group {group_id} (its rows' tensors), first record", topic,
                                         partition, offset, error, self.max_record_bytes), [])
+        if self._log.oversize is not None:
+            self._stop(self._oversize(*self._log.oversize), [])
+
+    def _oversize(self, response_bytes: int, receive_limit: int) -> UnreadableRecord:
+        """A fetch response librdkafka could not receive: the record is in one of the partitions
+        not read to their end (a fetch asks for several at once), named by the first of them.
+        Their ends are asked by a client of their own: the reader's connection is dropped by
+        every such response."""
+        assignment = self.consumer.assignment()
+        self.consumer.pause(assignment)
+        ends = Consumer(self._conf)
+        behind = []
+        try:
+            for tp in assignment:
+                nxt = self.stream.tracker.next.get((tp.topic, tp.partition))
+                try:
+                    low, high = retrying(lambda: ends.get_watermark_offsets(tp, timeout=5), timeout=15)
+                except KafkaException:       # unknown: name it only if it was being read
+                    low, high = (nxt or 0), (nxt or 0) + (nxt is not None)
+                start = low if nxt is None else nxt
+                if start < high:
+                    behind.append((tp.topic, tp.partition, start))
+        finally:
+            ends.close()
+        behind.sort()
+        topic, partition, offset = behind[0] if behind else (self.topics.canonical_rows, -1, -1)
+        others = "".join(f", or in {t}[{p}] from @{o}" for t, p, o in behind[1:])
+        return UnreadableRecord(f"the first unread record (or one after it{others})", topic, partition,
+                                offset, oversize_error(response_bytes, receive_limit, self.max_record_bytes),
+                                self.max_record_bytes)
 
     def _stop(self, error: UnreadableRecord, unread: list) -> None:
         """Stop for good at ``error``: the messages not offered yet are fetched again from where
