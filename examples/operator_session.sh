@@ -13,9 +13,16 @@
 #
 # Every command reads the stage's own config (topics, bootstrap servers, client security) and
 # honours the same environment (KAFKA_BOOTSTRAP_SERVERS, ROLLOUT_REASSEMBLER_*).
-# RR names the command line (default: rollout-reassembler; e.g. RR="python -m stage").
+# The commands run from the checkout's .venv (`make install`), as the README's do, activated or
+# not; without one, from PATH. RR names the command line and PYTHON the interpreter with the
+# package installed (e.g. RR="python -m stage" PYTHON=python).
 set -euo pipefail
 CONFIG=${1:-examples/stage.yaml}
+VENV_BIN="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/.venv/bin"
+if [[ -x "$VENV_BIN/rollout-reassembler" ]]; then
+  RR=${RR:-$VENV_BIN/rollout-reassembler}
+  PYTHON=${PYTHON:-$VENV_BIN/python}
+fi
 RR=${RR:-rollout-reassembler}
 PYTHON=${PYTHON:-python3}
 GROUP=${GROUP:-incident-$(date +%s)}
@@ -34,14 +41,16 @@ import sys
 
 import numpy as np
 
-from stage.client import ReceiptEmitter, RolloutStager, StagingProducer
+from stage.client import BrokerUnreachable, ReceiptEmitter, RolloutStager, StagingProducer
 from stage.config.model import load_config
 from stage.wire.partitioner import partition_for
 
 cfg = load_config(sys.argv[1])                  # the stage's topics and brokers, as the CLI reads them
 group_id, size = sys.argv[2], 4
 rng = np.random.default_rng(42)
-with StagingProducer(cfg.bootstrap_servers, topics=cfg.topics) as producer:
+
+
+def incident(producer: StagingProducer) -> None:
     emitter = ReceiptEmitter(producer, group_id=group_id, group_size=size, prompt_idx=42)
     for i in range(size):
         stager = RolloutStager(producer, group_id=group_id, rollout_id=f"{group_id}-r{i}")
@@ -56,6 +65,13 @@ with StagingProducer(cfg.bootstrap_servers, topics=cfg.topics) as producer:
         value = emitter.event(i, stager.receipt(), reward=0.0)
         producer.producer.produce(cfg.topics.receipts, key=group_id.encode(), partition=wrong,
                                   value=producer.codecs["ReceiptEvent"].encode(value))
+
+
+try:
+    with StagingProducer(cfg.bootstrap_servers, topics=cfg.topics) as producer:
+        incident(producer)
+except BrokerUnreachable as error:              # one line naming the address, no traceback
+    sys.exit(f"operator_session.sh: {error}")
 print(f"produced group {group_id}: 4 staged calls, 3 receipts where they belong, 1 on the wrong partition")
 PY
 

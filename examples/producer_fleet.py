@@ -30,13 +30,20 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from stage.client import ReceiptEmitter, RolloutStager, StagingProducer
+from stage.client import BrokerUnreachable, ReceiptEmitter, RolloutStager, StagingProducer
 from stage.wire import TopicNames
 
 
 def topic_names(prefix: str) -> TopicNames:
     """The stage's topics (``topics:`` of its config): the default names, with a prefix."""
     return TopicNames(**{role: prefix + name for role, name in TopicNames().all().items()})
+
+
+def unreachable(prog: str, error: Exception) -> int:
+    """One line for a broker that does not answer (no traceback), naming this program's setting."""
+    print(f"{prog}: {error}; here the address is --bootstrap-servers (default: "
+          "$KAFKA_BOOTSTRAP_SERVERS, else 127.0.0.1:9092)", file=sys.stderr)
+    return 1
 
 
 def run_rollout(producer: StagingProducer, group_id: str, rollout_id: str, args, seed: int):
@@ -111,17 +118,20 @@ def main(argv=None) -> int:
     rng = np.random.default_rng(args.seed)
 
     group_ids, failed = [], 0
-    with StagingProducer(args.bootstrap_servers, topics=topic_names(args.topic_prefix)) as producer, \
-            ThreadPoolExecutor(args.workers, thread_name_prefix="inference-worker") as workers:
-        for prompt_idx in range(args.first_prompt, args.first_prompt + args.groups):
-            group_id = f"{args.run_id}-p{prompt_idx}"
-            failed += produce_group(producer, workers, group_id, prompt_idx, args, rng)
-            group_ids.append(group_id)
-        producer.flush()         # every record acknowledged by the broker, or DeliveryError
-        routes = f"routes {args.route_layers}x{args.route_topk}" if args.route_layers else "no routes"
-        print(f"produced {len(group_ids)} groups x {args.group_size} rollouts x {args.turns} calls "
-              f"(weight version {args.weight_version}, {routes}, {failed} failed rollouts): "
-              f"{producer.produced} records, {producer.produced_bytes / 1e6:.2f} MB, all acknowledged")
+    try:
+        with StagingProducer(args.bootstrap_servers, topics=topic_names(args.topic_prefix)) as producer, \
+                ThreadPoolExecutor(args.workers, thread_name_prefix="inference-worker") as workers:
+            for prompt_idx in range(args.first_prompt, args.first_prompt + args.groups):
+                group_id = f"{args.run_id}-p{prompt_idx}"
+                failed += produce_group(producer, workers, group_id, prompt_idx, args, rng)
+                group_ids.append(group_id)
+            producer.flush()         # every record acknowledged by the broker, or DeliveryError
+            routes = f"routes {args.route_layers}x{args.route_topk}" if args.route_layers else "no routes"
+            print(f"produced {len(group_ids)} groups x {args.group_size} rollouts x {args.turns} calls "
+                  f"(weight version {args.weight_version}, {routes}, {failed} failed rollouts): "
+                  f"{producer.produced} records, {producer.produced_bytes / 1e6:.2f} MB, all acknowledged")
+    except BrokerUnreachable as error:   # the first record found no broker: one line, no traceback
+        return unreachable("producer_fleet.py", error)
     print("groups: " + " ".join(group_ids))
     return 0
 

@@ -9,10 +9,11 @@ Each step reads up to ``--prompts-per-step`` complete groups (``CanonicalReader.
 rows of a group, padded to NeMo RL's training tensors) and hands them, each with its group id, to
 ``train_step``. After the step the policy's weight version moves on (the refit); a group whose
 oldest tokens are more than ``--max-lag`` versions behind it is set aside as stale instead of
-trained on (async GRPO's trajectory age). Every ``--checkpoint-every`` steps, and when it stops,
-the model, the optimizer and the reader's position go into one checkpoint file, written
-atomically: a trainer killed at any point and restarted with the same ``--checkpoint`` trains
-every group exactly once. It stops, with a final checkpoint, after ``--max-steps``, when no
+trained on (async GRPO's trajectory age; off unless ``--max-lag`` is given: the example fleet
+never refits). Every ``--checkpoint-every`` steps, and when it stops, the model, the optimizer
+and the reader's position go into one checkpoint file, written atomically: a trainer killed at
+any point and restarted with the same ``--checkpoint`` trains every group exactly once
+(``examples/check_trainer.py`` checks a checkpoint against the topics). It stops, with a final checkpoint, after ``--max-steps``, when no
 group arrived for ``--idle-timeout`` seconds (the data ran out), or on Ctrl-C / SIGTERM.
 
 The reader's ``group_id`` is this trainer's own (``--reader-group-id``): it only records the
@@ -30,13 +31,20 @@ import time
 
 import torch
 
-from stage.client import CanonicalReader, Staleness
+from stage.client import BrokerUnreachable, CanonicalReader, Staleness
 from stage.wire import TopicNames
 
 
 def topic_names(prefix: str) -> TopicNames:
     """The stage's topics (``topics:`` of its config): the default names, with a prefix."""
     return TopicNames(**{role: prefix + name for role, name in TopicNames().all().items()})
+
+
+def unreachable(prog: str, error: Exception) -> int:
+    """One line for a broker that does not answer (no traceback), naming this program's setting."""
+    print(f"{prog}: {error}; here the address is --bootstrap-servers (default: "
+          "$KAFKA_BOOTSTRAP_SERVERS, else 127.0.0.1:9092)", file=sys.stderr)
+    return 1
 
 
 class Policy(torch.nn.Module):
@@ -100,8 +108,10 @@ def main(argv=None) -> int:
     parser.add_argument("--idle-timeout", type=float, default=30.0,
                         help="stop when no group arrived for this many seconds")
     parser.add_argument("--checkpoint-every", type=int, default=1, help="steps between checkpoints")
-    parser.add_argument("--max-lag", type=int, default=2,
-                        help="set a group aside when its oldest weight version is more than this behind the policy")
+    parser.add_argument("--max-lag", type=int, default=None,
+                        help="set a group aside when its oldest weight version is more than this behind the "
+                             "policy (default: no check; producer_fleet.py stamps the --weight-version it is "
+                             "given and never refits, so its groups fall behind a trainer that steps)")
     parser.add_argument("--vocab", type=int, default=1024, help="the policy's vocabulary size")
     parser.add_argument("--device", default="cpu", help="where the training tensors go (cpu, cuda, ...)")
     args = parser.parse_args(argv)
@@ -124,12 +134,16 @@ def main(argv=None) -> int:
                                           "optimizer": optimizer.state_dict()})
         reader.commit()      # after the checkpoint: offsets for `kafka-consumer-groups --describe`
 
-    reader = CanonicalReader(
-        args.bootstrap_servers, topics=topic_names(args.topic_prefix), group_id=args.reader_group_id,
-        subscribe=False,                  # assign every partition; the checkpoint says where to start
-        start_from=state["reader"],       # None: the group's committed offsets, else the beginning
-        device=args.device,
-        staleness=Staleness(max_weight_version_lag=args.max_lag, on_stale="hold"))
+    try:
+        reader = CanonicalReader(
+            args.bootstrap_servers, topics=topic_names(args.topic_prefix), group_id=args.reader_group_id,
+            subscribe=False,                  # assign every partition; the checkpoint says where to start
+            start_from=state["reader"],       # None: the group's committed offsets, else the beginning
+            device=args.device,
+            staleness=None if args.max_lag is None else Staleness(max_weight_version_lag=args.max_lag,
+                                                                  on_stale="hold"))
+    except BrokerUnreachable as error:        # no broker at that address: one line, no traceback
+        return unreachable("trainer_loop.py", error)
     reader.set_weight_version(state["weight_version"])
 
     stopping = []

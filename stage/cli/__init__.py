@@ -50,11 +50,13 @@ def _add_runtime_parsers(commands) -> None:
     topics_cmd = topics.add_subparsers(dest="topics_command", required=True, metavar="ACTION")
     create = add_parser(
         topics_cmd, "create", "create missing topics (co-partitioned, ledger compacted); existing "
-        "topics must match the request, else exit 1",
+        "topics that differ from the request are reported, exit 1",
         description="Create the stage's missing topics with the same partition count, "
                     "min.insync.replicas on every topic and a compacted ledger, then check the layout. "
-                    "Existing topics that differ (partitions, replication, configs) are reported and "
-                    "the exit status is 1. The defaults suit a production cluster (exactly-once "
+                    "Existing topics that differ in replication or configs are reported (exit status "
+                    "1) and the missing ones are created all the same; when an existing topic has "
+                    "another partition count, nothing is created (ask for its count). The defaults "
+                    "suit a production cluster (exactly-once "
                     "needs 3 replicas and min ISR 2); a single development broker needs "
                     "--replication 1 --min-insync-replicas 1.")
     _add_config_options(create)
@@ -125,6 +127,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "topics":
         return _topics_command(args)
     if args.command == "broker":
+        if args.create_topics:      # its topic names come from --config: checked before Kafka starts
+            _, status = _checked(_load, args)
+            if status is not None:
+                return status
         from stage.brokers.dev import main as broker_main
         return broker_main(args)
     if args.command == "demo":
@@ -141,8 +147,20 @@ def main(argv: list[str] | None = None) -> int:
 
 def _load(args):
     from stage.config.model import load_config
-    overrides = {"bootstrap_servers": args.bootstrap_servers} if args.bootstrap_servers is not None else {}
-    return load_config(args.config, overrides=overrides)
+    servers = getattr(args, "bootstrap_servers", None)
+    return load_config(args.config, overrides={} if servers is None else {"bootstrap_servers": servers})
+
+
+def _checked(step, args):
+    """(``step(args)``, None), or (None, EXIT_CONFIG) after printing why: a value, file or
+    variable the settings model refuses, named with its source. EXIT_CONFIG is the one status of
+    a configuration error in every command (docs/configuration.md)."""
+    try:
+        return step(args), None
+    except (OSError, ValueError) as error:
+        from stage.runtime.exits import EXIT_CONFIG
+        print(f"configuration error: {error}", file=sys.stderr)
+        return None, EXIT_CONFIG
 
 
 def _configure(args):
@@ -150,16 +168,14 @@ def _configure(args):
     import logging
     logging.basicConfig(level=getattr(args, "log_level", "INFO"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
+
+    def load(args):
         if args.command == "run":
             import os
             from stage.runtime.kafka.logs import apply_rejection_log_level
             apply_rejection_log_level(os.environ)
-        return _load(args), None
-    except (OSError, ValueError) as error:
-        from stage.runtime.exits import EXIT_CONFIG
-        print(f"configuration error: {error}", file=sys.stderr)
-        return None, EXIT_CONFIG
+        return _load(args)
+    return _checked(load, args)
 
 
 def _topics_command(args) -> int:
@@ -167,19 +183,24 @@ def _topics_command(args) -> int:
     from confluent_kafka.admin import AdminClient
 
     from stage.runtime.kafka.topics import (
-        TopologyError, check_copartitioning, create_topics, durability_warnings,
+        TopicsDiffer, TopologyError, check_copartitioning, create_topics, durability_warnings,
     )
     cfg, status = _configure(args)
     if cfg is None:
         return status
     admin = AdminClient({"bootstrap.servers": cfg.bootstrap_servers, **cfg.kafka})
+    differ = False
     try:
         if args.topics_command == "create":
-            created = create_topics(admin, cfg, partitions=args.partitions,
-                                    replication=args.replication,
-                                    min_insync_replicas=args.min_insync_replicas,
-                                    max_message_bytes=args.max_message_bytes)
-            print("created: " + (", ".join(created) if created else "nothing (all exist)"))
+            try:
+                created = create_topics(admin, cfg, partitions=args.partitions,
+                                        replication=args.replication,
+                                        min_insync_replicas=args.min_insync_replicas,
+                                        max_message_bytes=args.max_message_bytes)
+            except TopicsDiffer as error:   # the missing ones were created all the same
+                created, differ = error.created, True
+                print(f"topology error: {error}", file=sys.stderr)
+            print("created: " + (", ".join(created) if created else "nothing" if differ else "nothing (all exist)"))
         print(f"ok: {check_copartitioning(admin, cfg)} partitions per topic")
         weak = durability_warnings(admin, cfg)
         for line in weak:
@@ -190,7 +211,7 @@ def _topics_command(args) -> int:
                   "min.insync.replicas with kafka-configs.sh)", file=sys.stderr)
             if getattr(args, "require_durable", False):
                 return 1
-        return 0
+        return 1 if differ else 0
     except TopologyError as error:
         print(f"topology error: {error}", file=sys.stderr)
         return 1

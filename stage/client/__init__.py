@@ -7,6 +7,7 @@ from stage import lazy_exports
 
 __getattr__, __dir__ = lazy_exports(__name__, globals(), {
     "assembly": ("GroupAssembler", "TrainingGroup", "route_plan_from_record", "row_from_record"),
+    "connection": ("BrokerUnreachable",),
     "gym_bridge": ("GymBridge",),
     "position": ("PartitionPosition", "ReadPosition"),
     "producer": ("Delivery", "DeliveryError", "DeliveryFailure", "PreparedCall", "ReceiptEmitter",
@@ -18,7 +19,7 @@ __getattr__, __dir__ = lazy_exports(__name__, globals(), {
 })
 
 __all__ = [
-    "CanonicalReader", "DeferredRouteFetcher", "Delivery", "DeliveryError", "DeliveryFailure", "GroupAssembler",
+    "BrokerUnreachable", "CanonicalReader", "DeferredRouteFetcher", "Delivery", "DeliveryError", "DeliveryFailure", "GroupAssembler",
     "GymBridge", "PartitionPosition", "ReadPosition", "ReceiptEmitter", "RolloutStager",
     "Staleness", "StagingProducer", "TrainingGroup", "receipt_event", "route_extras", "route_plan_from_record",
     "row_from_record", "staged_call_from_record", "staged_call_value",

@@ -6,7 +6,8 @@ Duplicates are expected: an at-least-once stage, a replayed transaction, or a br
 aborted records to read_committed readers (Tansu) can deliver a row twice. The first copy of a
 sample id wins; a copy with different content is counted as a conflict (``counts``), never used.
 A row the stage published in ``row_part`` records (larger than its max_record_bytes) counts once
-all its parts are in: ``merge_row_parts`` rebuilds the whole record (docs/schemas.md).
+all the parts of one copy of it are in (``stage.client.row_parts``: parts of two copies are never
+mixed); ``merge_row_parts`` rebuilds the whole record (docs/schemas.md).
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ from typing import Any
 import torch
 
 from stage.finalize import CanonicalRow, FinalizedGroup, pad_group
-from stage.publish.records import MAX_ROW_PARTS, ROW_TENSOR_FIELDS
+from stage.client.row_parts import HELD, INVALID, STALE, RowCopies, WholeRow
+from stage.client.row_parts import merge_row_parts  # noqa: F401  (its former home; fuzz invariants)
+from stage.publish.records import MAX_ROW_PARTS
 from stage.routes import RouteAssemblyPlan, RouteSpan, resolve_device
 from stage.wire import unpack_torch
 
@@ -52,39 +55,6 @@ def row_from_record(record: Mapping[str, Any], *, device="cpu") -> CanonicalRow:
         sample_mask=record["sample_mask"], total_reward=record["total_reward"],
         mask_sample=record["mask_sample"], truncated=record["truncated"], media=media,
         **tensors, **optional)
-
-
-def merge_row_parts(parts: list[Mapping[str, Any]]) -> dict:
-    """The whole CanonicalRow record from its ``row_part`` records (in part index order): every
-    tensor field's parts concatenated along dimension 0 (their data bytes, C order), every other
-    field as the parts all carry it. ValueError when the parts do not make one row."""
-    first = parts[0]
-    scalars = [k for k in first if k not in ROW_TENSOR_FIELDS and k != "row_part"]
-    for part in parts[1:]:
-        differ = [k for k in scalars if part.get(k) != first[k]]
-        if differ:
-            raise ValueError(f"row parts of {first['sample_id']} disagree on {differ}")
-    merged = {k: first[k] for k in scalars}
-    merged["row_part"] = None
-    for name in ROW_TENSOR_FIELDS:
-        values = [part.get(name) for part in parts]
-        if all(v is None for v in values):
-            merged[name] = None
-            continue
-        if any(v is None for v in values):
-            raise ValueError(f"row parts of {first['sample_id']}: {name} is null in some parts only")
-        head = values[0]
-        if any(len(v["shape"]) < 1 or v["dtype"] != head["dtype"] or v["shape"][1:] != head["shape"][1:]
-               for v in values):
-            raise ValueError(f"row parts of {first['sample_id']}: {name} differs in dtype or trailing "
-                             "dims between parts")
-        merged[name] = {"dtype": head["dtype"], "shape": [sum(v["shape"][0] for v in values),
-                                                           *head["shape"][1:]],
-                        "data": b"".join(v["data"] for v in values)}
-    if merged["input_ids"]["shape"][0] != merged["input_lengths"]:
-        raise ValueError(f"row parts of {first['sample_id']} hold {merged['input_ids']['shape'][0]} "
-                         f"tokens, input_lengths is {merged['input_lengths']}")
-    return merged
 
 
 def route_plan_from_record(record: Mapping[str, Any]) -> RouteAssemblyPlan:
@@ -156,8 +126,8 @@ class _Pending:
     first_seen: float
     rows: dict = field(default_factory=dict)     # row_index -> (record, digest)
     plans: dict = field(default_factory=dict)    # row_index -> (record, digest)
-    parts: dict = field(default_factory=dict)    # row_index -> {part index: record} until whole
-    part_digests: dict = field(default_factory=dict)  # (row_index, part index) -> digest
+    copies: RowCopies = field(default_factory=RowCopies)   # split rows' copies until one is whole
+    part_digests: dict = field(default_factory=dict)  # (row_index, part index) -> digest, whole rows
     offsets: dict = field(default_factory=dict)  # (topic, partition) -> [lowest, highest] offset
 
     def note(self, position: tuple[str, int, int] | None) -> None:
@@ -197,7 +167,8 @@ class GroupAssembler:
     ``counts``: rows, plans, duplicates (same sample id, same content: dropped), conflicts
     (same sample id, other content: dropped, the first copy wins), invalid (a record that
     contradicts its group: wrong sample id, index out of range, another group size, row parts
-    that do not make one row), groups, unusable (complete, but a row's tensors cannot be built:
+    that do not make one copy of a row), stale_parts (row parts dropped: of a copy that began
+    before this reader's start, or of an unfinished copy another copy replaced), groups, unusable (complete, but a row's tensors cannot be built:
     listed in ``unusable`` and left pending, so its records keep holding the offsets), replayed (a
     record of a group handed out before the reader's start position), abandoned (incomplete
     groups given up by ``abandon``) and late (records of an abandoned group).
@@ -220,6 +191,9 @@ class GroupAssembler:
 
     def add_row(self, record: Mapping[str, Any], raw: bytes | None = None,
                 position: tuple[str, int, int] | None = None) -> TrainingGroup | None:
+        """Rows are offered in partition order (row parts are joined per copy: the run of parts
+        one publication wrote in a partition); ``position`` (topic, partition, offset) names the
+        partition, None: all records come from one."""
         return self._add("rows", record, raw, position)
 
     def add_plan(self, record: Mapping[str, Any], raw: bytes | None = None,
@@ -276,7 +250,7 @@ class GroupAssembler:
         held = getattr(pending, kind)
         digest = _digest(record, raw)
         if kind == "rows" and record.get("row_part") is not None:
-            whole = self._add_part(pending, index, record, digest)
+            whole = self._add_part(pending, index, record, digest, position)
             if whole is None:
                 return None
             record, digest = whole
@@ -286,36 +260,32 @@ class GroupAssembler:
         held[index] = (record, digest)
         return self._complete(group_id, pending)
 
-    def _add_part(self, pending: _Pending, index: int, record, digest: bytes):
-        """Hold one ``row_part`` record; the whole row's (record, digest) once its last part is
-        in, else None."""
+    def _add_part(self, pending: _Pending, index: int, record, digest: bytes, position):
+        """Hold one ``row_part`` record; the whole row's (record, digest) once the last part of
+        its copy is in, else None."""
         part = record["row_part"]
         number, count = part["index"], part["count"]
         if not (2 <= count <= MAX_ROW_PARTS and 0 <= number < count):
             self.counts["invalid"] += 1
             return None
-        seen = pending.part_digests.get((index, number))
-        if seen is not None or (index in pending.rows and index not in pending.parts):
+        if index in pending.rows:      # the row is whole: a part of a later copy
+            seen = pending.part_digests.get((index, number))
             self.counts["duplicates" if seen == digest else "conflicts"] += 1
             return None
-        held = pending.parts.setdefault(index, {})
-        if held and next(iter(held.values()))["row_part"]["count"] != count:
+        copies = pending.copies
+        dropped = copies.dropped
+        outcome = copies.add(index, None if position is None else position[:2], record, digest)
+        if isinstance(outcome, WholeRow):
+            copies.drop_row(index)
+        self.counts["stale_parts"] += copies.dropped - dropped
+        if outcome is HELD or outcome is STALE:
+            return None
+        if outcome is INVALID:
             self.counts["invalid"] += 1
+            logger.error("row %d: its %d parts do not make one row: %s", index, count, copies.last_error)
             return None
-        held[number] = record
-        pending.part_digests[(index, number)] = digest
-        if len(held) < count:
-            return None
-        del pending.parts[index]
-        try:
-            whole = merge_row_parts([held[i] for i in range(count)])
-        except (ValueError, KeyError, TypeError) as error:
-            self.counts["invalid"] += 1
-            logger.error("row %d: its %d parts do not make one row: %s", index, count, error)
-            return None
-        combined = hashlib.blake2b(b"".join(pending.part_digests[(index, i)] for i in range(count)),
-                                   digest_size=16).digest()
-        return whole, combined
+        pending.part_digests.update({(index, i): d for i, d in enumerate(outcome.part_digests)})
+        return outcome.record, outcome.digest
 
     def _complete(self, group_id: str, pending: _Pending) -> TrainingGroup | None:
         n = pending.group_size

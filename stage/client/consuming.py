@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Mapping
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException
 
+from stage.client.connection import kafka_logger
 from stage.wire import AvroCodec, value_subject
 
 
@@ -41,7 +43,39 @@ def reader_defaults(bootstrap_servers: str, group_id: str,
                     max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> dict:
     return {"bootstrap.servers": bootstrap_servers, "group.id": group_id,
             "enable.auto.commit": False, "auto.offset.reset": "earliest",
-            "isolation.level": "read_committed", **fetch_limits(max_record_bytes)}
+            "isolation.level": "read_committed", "logger": kafka_logger(), **fetch_limits(max_record_bytes)}
+
+
+# librdkafka's FAIL line for a fetch response over receive.message.max.bytes. It only logs it and
+# fetches the same again every second, for ever: no error reaches the consumer.
+_OVERSIZE = re.compile(r"Invalid response size (\d+) \(0\.\.(\d+)\)")
+
+
+class ClientLog:
+    """A reader's librdkafka ``logger``: every line goes on to the rate-limited ``stage.kafka``
+    logger, and the first that says a fetch response was too large to receive is kept as
+    ``oversize`` (response bytes, receive.message.max.bytes), so the reader can stop on it."""
+
+    def __init__(self) -> None:
+        self.logger = kafka_logger()
+        self.oversize: tuple[int, int] | None = None
+
+    def log(self, level: int, msg: str, *args) -> None:
+        if self.oversize is None and args:
+            match = _OVERSIZE.search(str(args[-1]))
+            if match:
+                self.oversize = (int(match.group(1)), int(match.group(2)))
+        self.logger.log(level, msg, *args)
+
+
+def oversize_error(response_bytes: int, receive_limit: int, max_record_bytes: int) -> str:
+    """What UnreadableRecord says of a fetch response over the receive limit: the record in it is
+    smaller than the response, so max_record_bytes of the response's size fetches and decodes it."""
+    return (f"a fetch response of {response_bytes} bytes is over this reader's "
+            f"receive.message.max.bytes ({receive_limit}), so a record there is larger than this "
+            f"reader's max_record_bytes ({max_record_bytes}) allows; create the reader with "
+            f"max_record_bytes={response_bytes} or more (the stage's value), which raises every fetch "
+            f"limit with it")
 
 
 def codec_for(name: str, topic: str, framing: str, schema_registry_url: str | None,

@@ -32,6 +32,7 @@ from typing import Any
 
 from confluent_kafka import KafkaException, Producer
 
+from stage.client.connection import DEFAULT_CONNECT_TIMEOUT_S, BrokerUnreachable, kafka_logger, reach
 from stage.client.records import (
     receipt_event,
     route_envelopes,
@@ -78,12 +79,13 @@ class DeliveryError(RuntimeError):
 
 
 def producer_defaults(bootstrap_servers: str, max_record_bytes: int) -> dict:
-    """Idempotent, acks=all, small linger (batching without adding visible latency), and the
+    """Idempotent, acks=all, small linger (batching without adding visible latency), the
     contract's partitioner (murmur2 of the key, as Kafka's Java client: librdkafka's default
-    would place group ids in other partitions than the stage expects)."""
+    would place group ids in other partitions than the stage expects), and librdkafka's own
+    log lines rate limited through ``logging`` (stage.client.connection)."""
     return {"bootstrap.servers": bootstrap_servers, "enable.idempotence": True, "acks": "all",
             "linger.ms": 5, "message.max.bytes": max(max_record_bytes + (1 << 20), 1_000_000),
-            "partitioner": LIBRDKAFKA_PARTITIONER}
+            "partitioner": LIBRDKAFKA_PARTITIONER, "logger": kafka_logger()}
 
 
 class StagingProducer:
@@ -95,6 +97,10 @@ class StagingProducer:
     ``ssl.ca.location``, stage.client.registry).
     ``on_delivery(Delivery)`` sees every acknowledgement (``send_*``/``produce`` also take a
     per-record ``on_delivery``: e.g. to learn a staged call's Kafka coordinates).
+    ``connect_timeout``: the first record queued also asks the cluster for its metadata, at most
+    this long, and raises ``BrokerUnreachable`` (one line naming the address) when no broker
+    answers, instead of records unacknowledged a minute later (None: no such check; a producer
+    passed in as ``producer`` is never checked).
     """
 
     def __init__(self, bootstrap_servers: str | None = None, *, topics: TopicNames | None = None,
@@ -102,7 +108,12 @@ class StagingProducer:
                  framing: str = "plain", schema_registry_url: str | None = None,
                  schema_registry_config: Mapping[str, Any] | None = None,
                  max_record_bytes: int = 64 << 20,
-                 on_delivery: DeliveryCallback | None = None) -> None:
+                 on_delivery: DeliveryCallback | None = None,
+                 connect_timeout: float | None = DEFAULT_CONNECT_TIMEOUT_S) -> None:
+        self.bootstrap_servers = bootstrap_servers
+        self._unchecked = producer is None and connect_timeout is not None
+        self._unreachable: BrokerUnreachable | None = None   # once found: every produce raises it
+        self.connect_timeout = connect_timeout
         if producer is None:
             if not bootstrap_servers:
                 raise ValueError("StagingProducer needs bootstrap_servers or a producer")
@@ -123,6 +134,7 @@ class StagingProducer:
                                 ("ReceiptEvent", self.topics.receipts))}
         self.on_delivery = on_delivery
         self._lock = threading.Lock()
+        self._contact = threading.Lock()
         self._failures: list[DeliveryFailure] = []
         self.produced = 0
         self.delivered = 0
@@ -162,8 +174,22 @@ class StagingProducer:
         with self._lock:
             self.produced += 1
             self.produced_bytes += len(value)
+        if self._unchecked:   # after the record is queued: a record too large fails as such first
+            self._first_contact()
         self.producer.poll(0)
         return len(value)
+
+    def _first_contact(self) -> None:
+        with self._contact:          # one probe at a time: the others then see its outcome
+            if self._unchecked and self._unreachable is None:
+                try:
+                    reach(self.producer, self.bootstrap_servers, "StagingProducer", self.connect_timeout)
+                except BrokerUnreachable as error:
+                    self._unreachable = error
+                else:
+                    self._unchecked = False
+            if self._unreachable is not None:
+                raise self._unreachable
 
     def _delivered(self, topic, key, err, msg, callback) -> None:
         ok = err is None and msg is not None
@@ -216,8 +242,8 @@ class StagingProducer:
     def __exit__(self, exc_type, *_exc) -> None:
         if exc_type is None:
             self.flush()
-        else:  # do not hide the original error behind a delivery error
-            self.producer.flush(5)
+        else:  # do not hide the original error behind a delivery error (nor wait for none)
+            self.producer.flush(0 if self._unreachable is not None else 5)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -33,10 +33,13 @@ from stage.client.assembly import (
     route_plan_from_record,
     row_from_record,
 )
+from stage.client.connection import DEFAULT_CONNECT_TIMEOUT_S, reach
 from stage.client.consuming import (
     DEFAULT_MAX_RECORD_BYTES,
+    ClientLog,
     UnreadableRecord,
     codec_for,
+    oversize_error,
     reader_defaults,
     retrying,
     take,
@@ -81,6 +84,9 @@ class CanonicalReader:
     or a complete group whose rows' tensors cannot be built, stops it: ``UnreadableRecord`` is
     raised, now and on every later read, and the position never moves past the record (a
     checkpointing trainer restarts from before it once the cause is fixed).
+
+    ``connect_timeout``: the reader asks the cluster for its metadata when it is created, at
+    most this long; ``BrokerUnreachable`` (one line naming the address) when no broker answers.
     """
 
     def __init__(self, bootstrap_servers: str, *, topics: TopicNames | None = None,
@@ -91,7 +97,8 @@ class CanonicalReader:
                  start_from: ReadPosition | Mapping | None = None, staleness: Staleness | None = None,
                  max_pending_records: int = DEFAULT_MAX_PENDING_RECORDS,
                  remember_records: int = DEFAULT_REMEMBER_RECORDS,
-                 max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> None:
+                 max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+                 connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S) -> None:
         self.topics = topics or TopicNames()
         self.max_record_bytes = int(max_record_bytes)
         self.codecs = {self.topics.canonical_rows: ("rows", codec_for(
@@ -115,19 +122,21 @@ class CanonicalReader:
                                   max_pending_records=max_pending_records,
                                   remember_records=remember_records)
         self.stopped: UnreadableRecord | None = None   # set once: every later read raises it
+        self._log = ClientLog()      # librdkafka's lines; it only logs a fetch too large to receive
         conf = {**reader_defaults(bootstrap_servers, group_id or f"canonical-reader-{uuid.uuid4().hex}",
-                                  self.max_record_bytes), **(config or {})}
+                                  self.max_record_bytes), "logger": self._log, **(config or {})}
+        self._conf = conf
         self.consumer = Consumer(conf)
+        metadata = reach(self.consumer, bootstrap_servers, "CanonicalReader", connect_timeout)
         names = list(self.codecs)
         if self.subscribed:
             self.consumer.subscribe(names, on_assign=self._on_assign, on_revoke=self._on_revoke,
                                     on_lost=self._on_revoke)
         else:
-            self._assign_all(names, start_from)
+            self._assign_all(names, start_from, metadata)
 
     # -- partitions --------------------------------------------------------------------------
-    def _assign_all(self, names: list[str], start: ReadPosition | None) -> None:
-        metadata = self.consumer.list_topics(timeout=30)
+    def _assign_all(self, names: list[str], start: ReadPosition | None, metadata) -> None:
         tps = []
         for name in names:
             topic = metadata.topics.get(name)
@@ -233,6 +242,36 @@ class CanonicalReader:
             group_id, (topic, partition, offset), error = unusable
             self._stop(UnreadableRecord(f"group {group_id} (its rows' tensors), first record", topic,
                                         partition, offset, error, self.max_record_bytes), [])
+        if self._log.oversize is not None:
+            self._stop(self._oversize(*self._log.oversize), [])
+
+    def _oversize(self, response_bytes: int, receive_limit: int) -> UnreadableRecord:
+        """A fetch response librdkafka could not receive: the record is in one of the partitions
+        not read to their end (a fetch asks for several at once), named by the first of them.
+        Their ends are asked by a client of their own: the reader's connection is dropped by
+        every such response."""
+        assignment = self.consumer.assignment()
+        self.consumer.pause(assignment)
+        ends = Consumer(self._conf)
+        behind = []
+        try:
+            for tp in assignment:
+                nxt = self.stream.tracker.next.get((tp.topic, tp.partition))
+                try:
+                    low, high = retrying(lambda: ends.get_watermark_offsets(tp, timeout=5), timeout=15)
+                except KafkaException:       # unknown: name it only if it was being read
+                    low, high = (nxt or 0), (nxt or 0) + (nxt is not None)
+                start = low if nxt is None else nxt
+                if start < high:
+                    behind.append((tp.topic, tp.partition, start))
+        finally:
+            ends.close()
+        behind.sort()
+        topic, partition, offset = behind[0] if behind else (self.topics.canonical_rows, -1, -1)
+        others = "".join(f", or in {t}[{p}] from @{o}" for t, p, o in behind[1:])
+        return UnreadableRecord(f"the first unread record (or one after it{others})", topic, partition,
+                                offset, oversize_error(response_bytes, receive_limit, self.max_record_bytes),
+                                self.max_record_bytes)
 
     def _stop(self, error: UnreadableRecord, unread: list) -> None:
         """Stop for good at ``error``: the messages not offered yet are fetched again from where

@@ -26,7 +26,16 @@ import torch
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from stage.client.assembly import TrainingGroup, route_plan_from_record
-from stage.client.consuming import DEFAULT_MAX_RECORD_BYTES, codec_for, reader_defaults, take
+from stage.client.connection import DEFAULT_CONNECT_TIMEOUT_S, reach
+from stage.client.consuming import (
+    DEFAULT_MAX_RECORD_BYTES,
+    ClientLog,
+    UnreadableRecord,
+    codec_for,
+    oversize_error,
+    reader_defaults,
+    take,
+)
 from stage.decode import staged_route_fragment
 from stage.routes import (
     ROUTE_MISSING_SENTINEL,
@@ -82,6 +91,11 @@ class DeferredRouteFetcher:
     rows' assembly on ``verify_threads`` threads (default: up to 4 cores; 1: all inline, in the
     executor). ``max_record_bytes``: the stage's (as for
     CanonicalReader): the StagedCall decode cap and the fetch limits follow it.
+    A fetch response too large for its limits (a staged call over this fetcher's
+    ``max_record_bytes``) raises ``UnreadableRecord`` naming the value to set.
+    ``connect_timeout``: the first fetch that needs the broker asks the cluster for its
+    metadata, at most this long; ``BrokerUnreachable`` (one line naming the address) when no
+    broker answers, rather than every row's routes failing one fetch timeout after another.
     """
 
     def __init__(self, bootstrap_servers: str, *, dims: tuple[int, int], device="cpu",
@@ -90,7 +104,8 @@ class DeferredRouteFetcher:
                  schema_registry_config: Mapping[str, Any] | None = None, timeout: float = 10.0,
                  cache_bytes: int = DEFAULT_CACHE_BYTES, max_gap: int = 256,
                  verify_threads: int | None = None,
-                 max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> None:
+                 max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
+                 connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S) -> None:
         if cache_bytes < 0:
             raise ValueError(f"cache_bytes must be >= 0, got {cache_bytes}")
         self.dims = (int(dims[0]), int(dims[1]))
@@ -108,10 +123,14 @@ class DeferredRouteFetcher:
         self.codec = codec_for("StagedCall", TopicNames().staged_calls, framing, schema_registry_url,
                                max_record_bytes, schema_registry_config)
         # Random access to records known to exist: never let the broker hold a fetch open.
+        self._log = ClientLog()      # librdkafka only logs a fetch response too large to receive
+        self.max_record_bytes = max_record_bytes
         conf = {**reader_defaults(bootstrap_servers, f"route-fetcher-{uuid.uuid4().hex}", max_record_bytes),
                 "enable.partition.eof": True, "fetch.wait.max.ms": 10, "auto.offset.reset": "error",
-                **(config or {})}
+                "logger": self._log, **(config or {})}
         self.consumer = Consumer(conf)
+        self.bootstrap_servers, self.connect_timeout = bootstrap_servers, connect_timeout
+        self._reached = False      # set by the first fetch that needs the broker
         self.failures: Counter = Counter()
         self.executed = 0
         self.fetched = 0
@@ -136,6 +155,9 @@ class DeferredRouteFetcher:
         for topic, partition, offset in wanted:
             if (topic, partition, offset) not in out:
                 by_tp.setdefault((topic, partition), []).append(offset)
+        if by_tp and not self._reached:
+            reach(self.consumer, self.bootstrap_servers, "DeferredRouteFetcher", self.connect_timeout)
+            self._reached = True
         for (topic, partition), offsets in by_tp.items():
             run = [offsets[0]]
             for offset in offsets[1:]:
@@ -228,6 +250,10 @@ class DeferredRouteFetcher:
                         break
         finally:
             self.consumer.unassign()
+        if wanted and self._log.oversize is not None:   # every later fetch would fail the same way
+            raise UnreadableRecord("staged call (route fragment), at or after", topic, partition,
+                                   min(wanted), oversize_error(*self._log.oversize, self.max_record_bytes),
+                                   self.max_record_bytes)
         for offset in wanted:
             out[(topic, partition, offset)] = TimeoutError(f"not fetched within {self.timeout}s")
         return out

@@ -10,8 +10,9 @@ import time
 from datetime import datetime, timezone
 
 from stage.publish.deadletters import ERROR_CLASSES
+from stage.runtime.exits import EXIT_CONFIG, EXIT_OK, EXIT_USAGE
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+EXIT_FAILED = 1
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
 _UNITS = {"s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 
@@ -70,8 +71,8 @@ def _filter_options(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("--source-partition", type=int, help="only from this source partition (default: any)")
     sub.add_argument("--key", metavar="GROUP_ID",
                      help="only the dead letters of this group: keyed so, or naming it in their "
-                          "value under another key (misrouted); replay selects only those whose "
-                          "value names it (default: any)")
+                          "value under another key (misrouted); list and replay select the same "
+                          "ones (default: any)")
     sub.add_argument("--grep", metavar="TEXT", help="only errors containing TEXT (default: any)")
     _window_options(sub, "dead letters")
 
@@ -85,7 +86,7 @@ def add_parsers(commands) -> None:
                     "and rejection reason, its route plans, its ledger entry, its staging keys, "
                     "the partitions and offsets of its input records and dead letters keyed by "
                     "it. Scans are bounded by the summary's timestamps. Exit status 0 when a "
-                    "summary was found, 1 when not, 2 for a usage or configuration error.")
+                    "summary was found, 1 when not, 2 for a usage error, 3 for a configuration error.")
     inspect.add_argument("group_id", metavar="GROUP_ID", help="the prompt group id (the Kafka key)")
     _config_options(inspect)
     _window_options(inspect, "summaries (and, without a summary, inputs)")
@@ -98,8 +99,8 @@ def add_parsers(commands) -> None:
     listing = actions.add_parser(
         "list", help="list dead letters (source coordinates, error, size, replayed or not)",
         description="List dead letters with their source topic/partition/offset, error class, "
-                    "error and value size, and whether they were re-produced. Exit status 0, or "
-                    "2 for a usage or configuration error.")
+                    "error and value size, and whether they were re-produced. Exit status 0, "
+                    "2 for a usage error, 3 for a configuration error.")
     _config_options(listing)
     _filter_options(listing)
     listing.add_argument("--limit", type=int, default=100,
@@ -112,7 +113,7 @@ def add_parsers(commands) -> None:
                     "filters, --at, or --all. A record of a group the ledger says is published "
                     "is refused (the stage would count the copy late) unless --into-published. "
                     "Exit status 0 when every selected record was re-produced (now or before), "
-                    "1 when one was refused, 2 for a usage or configuration error.")
+                    "1 when one was refused, 2 for a usage error, 3 for a configuration error.")
     _config_options(replay)
     _filter_options(replay)
     replay.add_argument("--at", action="append", type=_at, default=[], metavar="PARTITION:OFFSET",
@@ -140,9 +141,9 @@ def main(args, load_config) -> int:
     from confluent_kafka import KafkaException
     try:
         cfg = load_config(args)
-    except (OSError, ValueError) as error:
+    except (OSError, ValueError) as error:    # the same message and status as every command's
         print(f"configuration error: {error}", file=sys.stderr)
-        return EXIT_USAGE
+        return EXIT_CONFIG
     from stage.debug.kafka import PartitionReader, Progress
     reader = PartitionReader(cfg, "inspect" if args.command == "inspect" else "dead-letters",
                              Progress(not args.quiet))
@@ -182,8 +183,7 @@ def _filters(args):
     return Filters(error_classes=set(args.error_class), source_topic=args.source_topic,
                    source_partition=args.source_partition,
                    key=None if args.key is None else args.key.encode("utf-8"), grep=args.grep,
-                   at=set(getattr(args, "at", []) or []),
-                   of_group_only=args.dead_letters_command == "replay")
+                   at=set(getattr(args, "at", []) or []))
 
 
 def _dead_letters(args, cfg, reader) -> int:
@@ -213,15 +213,7 @@ def _dead_letters(args, cfg, reader) -> int:
     replayer = dl.Replayer(cfg, reader, codecs, log_topic=log_topic, rekey=args.rekey,
                            dry_run=args.dry_run, into_published=args.into_published)
     replayer.prepare()
-    passed_over: list = []
-    views, _ = dl.find(cfg, reader, filters, since_ms=args.since, until_ms=args.until, codecs=codecs,
-                       passed_over=passed_over)
-    if passed_over:
-        where = ", ".join(f"{v.record.topic}[{v.record.partition}]@{v.record.offset}" for v in passed_over[:5])
-        print(f"note: {len(passed_over)} dead letter(s) keyed {args.key!r} name no group of that id (the "
-              f"value does not decode, or names another group), so --key does not select them: {where}"
-              f"{' ...' if len(passed_over) > 5 else ''}. `dead-letters list --key {args.key}` shows "
-              f"them; --at PARTITION:OFFSET selects one", file=sys.stderr)
+    views, _ = dl.find(cfg, reader, filters, since_ms=args.since, until_ms=args.until, codecs=codecs)
     results = []
     for view in views:
         status, detail, target = replayer.plan(view)
@@ -241,8 +233,8 @@ def _dead_letters(args, cfg, reader) -> int:
     counts = {s: sum(1 for r in results if r["status"] == s)
               for s in ("replayed", "would_replay", "already_replayed", "refused")}
     if args.json:
-        print(json.dumps({"replay_log": log_topic, "counts": counts, "results": results,
-                          "passed_over": [v.as_dict() for v in passed_over]}, indent=2, sort_keys=True))
+        print(json.dumps({"replay_log": log_topic, "counts": counts, "results": results},
+                         indent=2, sort_keys=True))
     else:
         for r in results:
             d = r["dead_letter"]

@@ -15,8 +15,10 @@ open transaction aborted) before we look, so two operators cannot both re-produc
 
 The copy follows the contract: key = the record's group id, partition = the contract's
 partitioner of the key. A record whose key is not its group id (dead-lettered as
-``misrouted``) is re-produced keyed by its group id only with ``--rekey``; a record that does
-not decode with the current schemas is refused (the stage would dead-letter it again). The copy
+``misrouted``) is re-produced keyed by its group id only with ``--rekey``. Refused, because the
+stage would dead-letter the copy again: a record that does not decode with the current schemas,
+one the stage refused for its content (``invalid``, ``conflict``), and a copy replayed before
+that was dead-lettered again. The copy
 is a new record at a new offset, above the stage's dead-letter watermark, so the stage
 processes it like any other; its headers are the original ones plus ``dead-letter-replay``
 naming the dead letter.
@@ -27,13 +29,14 @@ from __future__ import annotations
 import json
 import socket
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from stage.debug.kafka import PartitionReader, Record
-from stage.publish.deadletters import ERROR_CLASSES
+from stage.debug.text import marker_target
+from stage.publish.deadletters import CONFLICT, ERROR_CLASSES, INVALID
 from stage.runtime.kafka.clients import common, replay_producer_config
 from stage.config.model import StageConfig
 from stage.wire import WireError
@@ -41,6 +44,11 @@ from stage.wire.partitioner import partition_for
 
 STAGE_HEADERS = ("source-topic", "source-partition", "source-offset", "error", "error-class")
 REPLAY_HEADER = "dead-letter-replay"
+# Error classes the stage gives a record whose bytes it read and then refused: a copy of the same
+# bytes is refused again (the input limits are constants, a conflict contradicts its group), so
+# replay never re-produces them, or `replay --all` would re-produce and re-dead-letter them forever.
+REFUSED_CONTENT = {INVALID: "a field out of range or malformed",
+                   CONFLICT: "it contradicts the other records of its group"}
 
 
 def replay_log_topic(cfg: StageConfig) -> str:
@@ -113,10 +121,9 @@ def group_of(view: DeadLetterView, codecs: dict, inputs: dict[str, str]) -> str 
 
 @dataclass
 class Filters:
-    """What to select. ``key`` (a group id as bytes) selects the dead letters of that group:
-    keyed so, or whose value names the group under another key (misrouted). With
-    ``of_group_only`` (replay) the value must name the group: a record merely keyed so whose
-    value does not decode names no group, and is passed over (it could not be replayed)."""
+    """What to select; ``list`` and ``replay`` select the same records with the same filters.
+    ``key`` (a group id as bytes) selects the dead letters of that group: keyed so, or whose
+    value names the group under another key (misrouted)."""
 
     error_classes: set = field(default_factory=set)
     source_topic: str | None = None
@@ -124,7 +131,6 @@ class Filters:
     key: bytes | None = None
     grep: str | None = None
     at: set = field(default_factory=set)     # {(dead-letter partition, offset)}
-    of_group_only: bool = False
 
     def __post_init__(self) -> None:
         unknown = set(self.error_classes) - set(ERROR_CLASSES)
@@ -146,21 +152,17 @@ class Filters:
                 and (self.key is None or self._of_group(view, group)))
 
     def _of_group(self, view: DeadLetterView, group) -> bool:
-        if group is None:
+        if view.record.key == self.key or group is None:
             return view.record.key == self.key
         named = group()
-        if self.of_group_only:
-            return named is not None and named.encode("utf-8") == self.key
-        return view.record.key == self.key or (named is not None and named.encode("utf-8") == self.key)
+        return named is not None and named.encode("utf-8") == self.key
 
 
 def find(cfg: StageConfig, reader: PartitionReader, filters: Filters, *, since_ms: int | None = None,
-         until_ms: int | None = None, codecs: dict | None = None,
-         passed_over: list | None = None) -> tuple[list[DeadLetterView], int]:
+         until_ms: int | None = None, codecs: dict | None = None) -> tuple[list[DeadLetterView], int]:
     """Every dead letter matching ``filters`` between the two times (offset order per
     partition), and how many records were read. With ``codecs`` a key filter also looks at the
-    group id each value names (Filters); dead letters keyed so but passed over because their
-    value names no such group are appended to ``passed_over``."""
+    group id each value names (Filters)."""
     topic = cfg.topics.dead_letter
     count = reader.partitions(topic)
     if count is None:
@@ -171,17 +173,10 @@ def find(cfg: StageConfig, reader: PartitionReader, filters: Filters, *, since_m
         raise ValueError(f"{topic} has {count} partitions, --at names partition(s) "
                          f"{sorted(p for p in wanted if p >= count)}")
     inputs = input_schemas(cfg)
-    others = replace(filters, key=None, of_group_only=False)    # every filter but the key
 
     def keep(record) -> bool:
         view = parse(record)
-        group = None if codecs is None else (lambda: group_of(view, codecs, inputs))
-        if filters.match(view, group):
-            return True
-        if (passed_over is not None and filters.of_group_only and filters.key is not None
-                and view.record.key == filters.key and others.match(view)):
-            passed_over.append(view)      # keyed so, but its value names no such group
-        return False
+        return filters.match(view, None if codecs is None else (lambda: group_of(view, codecs, inputs)))
 
     for p in sorted(wanted):
         low, high = reader.bounds(topic, p)
@@ -197,7 +192,9 @@ def find(cfg: StageConfig, reader: PartitionReader, filters: Filters, *, since_m
 
 
 def read_markers(reader: PartitionReader, topic: str) -> dict[str, dict]:
-    """The replay log: dead letter coordinates -> where its copy went (empty if no log yet)."""
+    """The replay log: dead letter coordinates -> where its copy went (empty if no log yet).
+    A record of the log that is not a JSON object (someone else's record in our topic) still
+    counts as a marker, so its dead letter is never re-produced, but it names no copy."""
     count = reader.partitions(topic)
     markers: dict[str, dict] = {}
     for p in range(count or 0):
@@ -209,9 +206,12 @@ def read_markers(reader: PartitionReader, topic: str) -> dict[str, dict]:
                 markers.pop(key, None)
                 continue
             try:
-                markers[key] = json.loads(record.value)
-            except ValueError:      # someone else's record in our log: keep it as a marker
-                markers[key] = {"unreadable_marker": True}
+                marker = json.loads(record.value)
+            except ValueError:
+                marker = None
+            if not isinstance(marker, dict) or not isinstance(marker.get("replayed_to", {}), dict):
+                marker = {"unreadable_marker": record.where}
+            markers[key] = marker
     return markers
 
 
@@ -261,11 +261,18 @@ class Replayer:
         """(status, detail, target) for one dead letter; target: topic, partition, key, rekeyed."""
         marker = self.markers.get(view.marker_key)
         if marker is not None:
-            to = marker.get("replayed_to") or {}
-            return "already_replayed", (f"replayed before to {to.get('topic')}[{to.get('partition')}]"
-                                        f"@{to.get('offset')}"), None
+            return "already_replayed", f"replayed before to {marker_target(marker)}", None
         if not view.well_formed:
             return "refused", view.error, None
+        again = dict(view.original_headers).get(REPLAY_HEADER)
+        if again is not None:
+            return "refused", (f"this is a copy replayed from {again.decode('utf-8', 'replace')} that "
+                               f"the stage dead-lettered again ({view.error_class}): replaying it "
+                               f"once more would be refused the same way"), None
+        if view.error_class in REFUSED_CONTENT:
+            return "refused", (f"the stage refused this record's content ({view.error_class}: "
+                               f"{REFUSED_CONTENT[view.error_class]}); the same bytes would be "
+                               f"dead-lettered again: fix the producer and send a corrected record"), None
         schema = self.inputs.get(view.source_topic)
         if schema is None:
             return "refused", (f"source topic {view.source_topic} is not one of the stage's input "

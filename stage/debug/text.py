@@ -82,6 +82,15 @@ def format_report(report: dict) -> list[str]:
     return lines
 
 
+def marker_target(marker: dict) -> str:
+    """Where a replay-log marker says the copy went (``deadletters.read_markers``)."""
+    if "unreadable_marker" in marker:
+        return (f"? (an unreadable record in the replay log, {marker['unreadable_marker']}, "
+                "marks it replayed)")
+    to = marker.get("replayed_to") or {}
+    return f"{to.get('topic')}[{to.get('partition')}]@{to.get('offset')}"
+
+
 def source(row: dict) -> str:
     s = row["source"]
     return f"{s['topic']}[{s['partition']}]@{s['offset']}"
@@ -92,10 +101,7 @@ def dead_letter_lines(row: dict) -> str:
     d = row["dead_letter"]
     size = "null value" if row["value_bytes"] is None else f"{row['value_bytes']:,} B"
     replayed = row["replayed"]
-    state = ""
-    if replayed:
-        to = replayed.get("replayed_to") or {}
-        state = f"  replayed -> {to.get('topic')}[{to.get('partition')}]@{to.get('offset')}"
+    state = f"  replayed -> {marker_target(replayed)}" if replayed else ""
     error = (row["error"] or "")[:200]
     return (f"{d['topic']}[{d['partition']}]@{d['offset']} {_ts(d['timestamp_ms'])}  from {source(row)}  "
             f"{row['error_class']}  key {row['key']!r}  {size}{state}\n    {error}")

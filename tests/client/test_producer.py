@@ -166,7 +166,8 @@ def test_delivery_failures_are_raised_by_flush_not_swallowed():
 
 
 def test_a_real_client_reports_an_unreachable_broker_as_a_delivery_error():
-    producer = StagingProducer("127.0.0.1:9", config={"message.timeout.ms": 500, "enable.idempotence": False})
+    producer = StagingProducer("127.0.0.1:9", config={"message.timeout.ms": 500, "enable.idempotence": False},
+                               connect_timeout=None)     # no first-contact check (stage.client.connection)
     RolloutStager(producer, "g", "r").stage("c0", **ROOT)
     with pytest.raises(DeliveryError, match="1 record"):
         producer.flush(30)

@@ -204,70 +204,6 @@ def test_media_with_a_wrong_layout_is_refused_by_name():
         row_from_record(record)
 
 
-# --- rows published in parts (a row over the stage's max_record_bytes) -----------------------
-
-
-def split_group(cap=400, config=ReassemblyConfig(router_replay=True)):
-    """finalized_group's rows (270, 440 and 142 bytes as one record) through the stage's
-    encode_row with a small cap: the 14-token row is published in parts, the others whole."""
-    from stage.publish.records import encode_row
-    group, _ = finalized_group(config)
-    codec = AvroCodec("CanonicalRow", max_record_bytes=cap)
-    return group, [encode_row(row, codec) for row in group.rows]
-
-
-def test_encode_row_splits_only_what_exceeds_the_cap_and_each_part_fits():
-    group, parts = split_group()
-    assert [len(p) > 1 for p in parts] == [False, True, False]
-    for blobs in parts:
-        assert all(len(blob) <= 400 for blob in blobs)
-        decoded = [ROWS.decode(blob) for blob in blobs]
-        if len(blobs) > 1:
-            assert [d["row_part"] for d in decoded] == [{"index": i, "count": len(blobs)}
-                                                      for i in range(len(blobs))]
-            assert {d["input_lengths"] for d in decoded} == {decoded[0]["input_lengths"]}
-        else:
-            assert decoded[0]["row_part"] is None
-
-
-def test_parts_in_any_order_with_duplicates_reassemble_into_the_finalizers_rows():
-    group, parts = split_group()
-    blobs = [(i, blob) for i, row_parts in enumerate(parts) for blob in row_parts]
-    order = list(reversed(blobs)) + blobs[:2]          # every part, then two copies
-    assembler = GroupAssembler()
-    done = [g for _, blob in order if (g := assembler.add_row(ROWS.decode(blob), blob)) is not None]
-    assert len(done) == 1 and assembler.counts["duplicates"] == 2 and assembler.counts["conflicts"] == 0
-    out = done[0]
-    for row, want in zip(out.rows, group.rows):
-        for name in ("input_ids", "generation_logprobs", "token_mask", "prompt_ids_for_adv", "routed_experts"):
-            assert torch.equal(getattr(row, name), getattr(want, name)), name
-    assert torch.equal(out.tensors()["routed_experts"], pad_group(group)["routed_experts"])
-    assert out.records[0]["row_part"] is None          # the whole record, as one row would be
-
-
-def test_a_part_with_other_content_is_a_conflict_and_parts_that_disagree_never_make_a_row():
-    group, parts = split_group()
-    assembler = GroupAssembler()
-    first = ROWS.decode(parts[1][0])
-    assembler.add_row(first, parts[1][0])
-    other = dict(first, total_reward=5.0)
-    assert assembler.add_row(other, ROWS.encode(other)) is None
-    assert assembler.counts["conflicts"] == 1
-    # the remaining parts of row 1 disagree with the first on a scalar: row 1 never completes
-    for blob in parts[1][1:]:
-        assembler.add_row(dict(ROWS.decode(blob), truncated=True), blob)
-    assert assembler.counts["invalid"] == 1 and 1 not in assembler.pending["grp"].rows
-
-
-@pytest.mark.parametrize("part", [{"index": 0, "count": 1}, {"index": 2, "count": 2},
-                                  {"index": 0, "count": 5000}])
-def test_impossible_part_numbers_are_invalid(part):
-    _, parts = split_group()
-    assembler = GroupAssembler()
-    assert assembler.add_row(dict(ROWS.decode(parts[1][0]), row_part=part)) is None
-    assert assembler.counts["invalid"] == 1
-
-
 # --- the reader's limits follow one setting, the stage's max_record_bytes --------------------
 
 
@@ -291,6 +227,9 @@ def test_every_reader_limit_follows_max_record_bytes(monkeypatch, max_record_byt
 
         def subscribe(self, *args, **kwargs):
             pass
+
+        def list_topics(self, *args, **kwargs):   # the reader's first contact
+            return None
 
     monkeypatch.setattr(reader_module, "Consumer", Captured)
     monkeypatch.setattr(fetch_module, "Consumer", Captured)

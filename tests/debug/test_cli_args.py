@@ -50,10 +50,10 @@ def test_bad_values_are_usage_errors(argv, capsys):
     assert exit_.value.code == 2
 
 
-def test_a_config_error_exits_2(tmp_path, capsys):
+def test_a_config_error_exits_3_as_in_every_command(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text("no_such_setting: 1\n")
-    assert main(["dead-letters", "list", "--config", str(bad)]) == 2
+    assert main(["dead-letters", "list", "--config", str(bad)]) == 3
     assert "configuration error" in capsys.readouterr().err
 
 

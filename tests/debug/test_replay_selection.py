@@ -1,5 +1,5 @@
-"""``dead-letters replay`` on a real broker and stage: ``--key`` selects the group's dead letters
-(not a garbage record that merely carries the key), so a successful replay exits 0; a record of
+"""``dead-letters replay`` on a real broker and stage: ``--key`` selects what ``list --key`` shows
+(the garbage record keyed by the group too, which is refused with its reason); a record of
 a group the ledger says is published is refused with the reason (the stage would count the copy
 late), and ``--into-published`` re-produces it with a warning, which the stage then skips."""
 
@@ -35,7 +35,7 @@ def _misrouted_group(kafka, topics, group_id: str, *, seed: int, garbage: bool):
     return feeder, home
 
 
-def test_key_selects_the_groups_dead_letters_and_a_successful_replay_exits_0(kafka, capsys, tmp_path):
+def test_key_selects_what_list_shows_and_refuses_what_cannot_be_replayed(kafka, capsys, tmp_path):
     topics = unique_topics()
     cfg = stage_config(kafka.bootstrap, topics, group_timeout_ms=120_000)   # waits for the replay
     setup_topics(cfg, partitions=2)
@@ -47,13 +47,11 @@ def test_key_selects_the_groups_dead_letters_and_a_successful_replay_exits_0(kaf
         assert rc == 0 and sorted(d["error_class"] for d in listing["dead_letters"]) == ["misrouted", "undecodable"]
 
         rc, out, err = run_cli(capsys, cfg, tmp_path, "dead-letters", "replay", "--key", "sel")
-        assert rc == 0, (out, err)
-        assert out["counts"] == {"replayed": 1, "would_replay": 0, "already_replayed": 0, "refused": 0}
-        (result,) = out["results"]
-        assert result["error_class"] == "misrouted" and result["detail"].startswith(f"to {topics.receipts}[{home}]@")
-        (passed,) = out["passed_over"]
-        assert passed["error_class"] == "undecodable" and passed["key"] == "sel"
-        assert "note: 1 dead letter(s) keyed 'sel' name no group of that id" in err
+        assert rc == 1, (out, err)      # the garbage record is refused
+        assert out["counts"] == {"replayed": 1, "would_replay": 0, "already_replayed": 0, "refused": 1}
+        by_class = {r["error_class"]: r for r in out["results"]}
+        assert by_class["misrouted"]["detail"].startswith(f"to {topics.receipts}[{home}]@")
+        assert by_class["undecodable"]["status"] == "refused" and "does not decode" in by_class["undecodable"]["detail"]
         stage.wait(lambda: _summaries(kafka, topics, "sel"), 60, "the group's publication")
     (summary,) = _summaries(kafka, topics, "sel")
     assert summary["outcome"] == "complete" and summary["valid_rows"] == 2

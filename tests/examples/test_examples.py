@@ -160,13 +160,60 @@ def test_producer_fleet_then_a_trainer_that_resumes_from_its_checkpoint(local_st
     saved = torch.load(checkpoint, weights_only=True)
     assert sorted(saved["trained"]) == sorted(first + new) and sorted(saved["stale"]) == sorted(old)
     assert saved["step"] == saved["weight_version"] == version + len(re.findall(r"^step ", out, re.M))
+    rc, report = check(local_stage, checkpoint)
+    assert rc == 0 and counts(report) == {"trained": 8, "stale": 2, "not yet": 0, "missing": 0,
+                                          "twice": 0}, report
+    later = local_stage.produce("--groups", "1", "--run-id", "later")         # not read yet
+    rc, report = check(local_stage, checkpoint, "--list")
+    assert rc == 0 and f"not yet   1: {later[0]}" in report, report
+
+
+def check(stage: LocalStage, checkpoint: Path, *args: str) -> tuple[int, str]:
+    """examples/check_trainer.py against the stage's topics: (exit status, its output)."""
+    proc = subprocess.run([sys.executable, str(EXAMPLES / "check_trainer.py"), "--topic-prefix", stage.prefix,
+                           "--checkpoint", str(checkpoint), *args], cwd=ROOT, env=stage.env,
+                          capture_output=True, text=True, timeout=300)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def counts(report: str) -> dict[str, int]:
+    return {m.group(1).strip(): int(m.group(2))
+            for m in re.finditer(r"^(trained|stale|not yet|missing|twice|unknown)\s+(\d+)", report, re.M)}
+
+
+def test_the_readme_path_trains_every_group_and_the_check_says_so(local_stage, tmp_path):
+    """Issue 27 item 4: the README's commands (8 groups from the fleet at its default weight
+    version 0, the trainer with its defaults) set 2 of 8 groups aside as stale on the first run,
+    and nothing told a user how to check that every group was trained exactly once."""
+    checkpoint = tmp_path / "trainer.ckpt"
+    groups = local_stage.produce("--groups", "8", "--run-id", "readme")
+    out, trained, stale = local_stage.train(checkpoint, "--idle-timeout", "8")
+    assert sorted(trained) == sorted(groups) and not stale, out
+    rc, report = check(local_stage, checkpoint)
+    assert rc == 0 and "result: OK" in report, report
+    assert counts(report) == {"trained": 8, "stale": 0, "not yet": 0, "missing": 0, "twice": 0}, report
+
+    # the check fails when the checkpoint lost a group or holds one twice
+    import torch
+    saved = torch.load(checkpoint, weights_only=True)
+    saved["trained"] = saved["trained"][1:] + [saved["trained"][-1]]
+    torch.save(saved, checkpoint)
+    rc, report = check(local_stage, checkpoint, "--list")
+    assert rc == 1 and "FAIL" in report, report
+    assert counts(report)["missing"] == 1 and counts(report)["twice"] == 1, report
+    assert f"missing   1: {trained[0]}" in report
 
 
 def test_the_operator_session(local_stage):
-    env_rr = {**local_stage.env, "RR": f"{sys.executable} -m stage", "PYTHON": sys.executable,
-              "GROUP": "g-0042"}
+    """Run as a user runs it: no venv activated (issue 27 item 5: `No module named 'numpy'`
+    from the system python), so neither the venv's bin nor RR/PYTHON are given."""
+    venv_bin = str(Path(sys.executable).parent)
+    path = os.pathsep.join(d for d in os.environ.get("PATH", "").split(os.pathsep)
+                           if d and Path(d).resolve() != Path(venv_bin).resolve())
+    env = {k: v for k, v in local_stage.env.items() if k not in ("RR", "PYTHON", "VIRTUAL_ENV")}
+    env.update(PATH=path or "/usr/bin:/bin", GROUP="g-0042")
     proc = subprocess.run(["bash", str(EXAMPLES / "operator_session.sh"), str(STAGE_YAML)], cwd=ROOT,
-                          env=env_rr, capture_output=True, text=True, timeout=600)
+                          env=env, capture_output=True, text=True, timeout=600)
     out = proc.stdout
     assert proc.returncode == 0, out + proc.stderr
     steps = out.split("$ rollout-reassembler ")[1:]

@@ -10,9 +10,11 @@ with ``logging`` itself.
 from __future__ import annotations
 
 import logging
-import re
-import time
 from collections.abc import Mapping
+
+# The rate-limited logger of every Kafka client of the project, the SDK's included, lives with
+# the SDK (the runtime imports stage.client, not the reverse); re-exported here.
+from stage.client.connection import KAFKA_LOGGER, RateLimit, kafka_logger  # noqa: F401
 
 REJECTION_LOG_ENV = "ROLLOUT_REASSEMBLER_REJECTION_LOG_LEVEL"
 _OFF = "OFF"
@@ -37,50 +39,3 @@ def apply_rejection_log_level(environ: Mapping[str, str]) -> None:
     if value is not None and value.strip():
         from stage.finalize import REJECTION_LOGGER   # here: `topics` must not import torch
         logging.getLogger(REJECTION_LOGGER).setLevel(rejection_log_level(value))
-
-
-# -- the Kafka clients' own log lines ----------------------------------------------------
-KAFKA_LOGGER = "stage.kafka"
-_DIGITS = re.compile(r"\d+")
-
-
-class RateLimit(logging.Filter):
-    """At most ``burst`` lines of one kind per ``window_s`` (a kind: the librdkafka facility and
-    the message with its numbers masked, so every "Connect to ...:9092 failed ... after 0ms" is
-    one kind); the next line of a kind after its window says how many were suppressed. A broker
-    down for minutes is then a few lines a minute, not thousands."""
-
-    def __init__(self, burst: int = 3, window_s: float = 60.0, clock=time.monotonic) -> None:
-        super().__init__()
-        self.burst, self.window_s, self.clock = burst, window_s, clock
-        self._kinds: dict[tuple, list] = {}   # kind -> [window start, lines in it, suppressed]
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        args = record.args if isinstance(record.args, tuple) else ()
-        facility = args[0] if args else ""
-        text = str(args[-1]) if args else record.getMessage()
-        kind = (record.levelno, facility, _DIGITS.sub("#", text)[:160])
-        now = self.clock()
-        seen = self._kinds.get(kind)
-        if seen is None or now - seen[0] >= self.window_s:
-            suppressed = seen[2] if seen else 0
-            if len(self._kinds) > 1024:   # bounded: forget old kinds
-                self._kinds.clear()
-            self._kinds[kind] = [now, 1, 0]
-            if suppressed:
-                record.msg = f"{record.msg} ({suppressed} more like it in the last {self.window_s:.0f}s)"
-            return True
-        if seen[1] < self.burst:
-            seen[1] += 1
-            return True
-        seen[2] += 1
-        return False
-
-
-def kafka_logger() -> logging.Logger:
-    """The logger every Kafka client of the stage logs through (librdkafka's own lines), rate
-    limited; without it librdkafka writes straight to stderr."""
-    logger = logging.getLogger(KAFKA_LOGGER)
-    if not any(isinstance(f, RateLimit) for f in logger.filters):
-        logger.addFilter(RateLimit())
-    return logger

@@ -84,7 +84,8 @@ def create_topics(admin: AdminClient, cfg: StageConfig, *, partitions: int,
                   max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, timeout: float = 30.0) -> list[str]:
     """Create whatever is missing; returns the names created. Topics that exist already must be
     what would be created (partitions, replication factor, the configs set here): otherwise
-    TopologyError names every difference and nothing is created."""
+    TopicsDiffer names every difference, after creating the missing ones, unless an existing
+    topic has another partition count (new ones would not be co-partitioned with it)."""
     if partitions < 1 or not 1 <= min_insync_replicas <= replication:
         raise ValueError(f"need partitions >= 1 and 1 <= min_insync_replicas <= replication, got "
                          f"{partitions}, {min_insync_replicas}, {replication}")
@@ -92,15 +93,21 @@ def create_topics(admin: AdminClient, cfg: StageConfig, *, partitions: int,
     metadata = admin.list_topics(timeout=timeout)
     existing = metadata.topics
     differences = _differences(admin, [s for s in specs if s.topic in existing], existing, timeout)
-    if differences:
-        raise TopologyError("existing topics differ from what was asked: " + "; ".join(differences)
-                            + ". Ask for what they have, or alter them (adding partitions remaps "
-                              "group_id keys: drain the topics first)")
+    if any(len(existing[s.topic].partitions) != partitions for s in specs
+           if s.topic in existing and s.topic != cfg.topics.dead_letter):
+        raise TopicsDiffer([], differences)
     specs = [s for s in specs if s.topic not in existing]
-    if not specs:
-        return []
-    if replication > len(metadata.brokers):    # Kafka would refuse each topic: say what to ask for
-        raise _too_few_brokers(replication, len(metadata.brokers))
+    if specs:
+        _create(admin, specs, partitions, replication, len(metadata.brokers), timeout)
+    if differences:
+        raise TopicsDiffer([s.topic for s in specs], differences)
+    return [s.topic for s in specs]
+
+
+def _create(admin: AdminClient, specs: list[NewTopic], partitions: int, replication: int,
+            brokers: int, timeout: float) -> None:
+    if replication > brokers:    # Kafka would refuse each topic: say what to ask for
+        raise _too_few_brokers(replication, brokers)
     for future in admin.create_topics(specs, operation_timeout=timeout).values():
         try:
             future.result()
@@ -109,7 +116,18 @@ def create_topics(admin: AdminClient, cfg: StageConfig, *, partitions: int,
                 raise _too_few_brokers(replication, len(admin.list_topics(timeout=timeout).brokers)) from error
             raise
     _wait_visible(admin, [s.topic for s in specs], partitions, timeout)
-    return [s.topic for s in specs]
+
+
+class TopicsDiffer(TopologyError):
+    """Existing topics differ from what ``create_topics`` was asked; ``created``: the missing
+    ones, created all the same (the stage's start-up check sends users here to create them)."""
+
+    def __init__(self, created: list[str], differences: list[str]) -> None:
+        super().__init__("existing topics differ from what was asked: " + "; ".join(differences)
+                         + ". Ask for what they have, or alter them (adding partitions remaps "
+                           "group_id keys: drain the topics first)"
+                         + ("" if created else "; nothing was created"))
+        self.created, self.differences = created, differences
 
 
 def _differences(admin: AdminClient, specs: list[NewTopic], metadata: dict, timeout: float) -> list[str]:
