@@ -1,12 +1,11 @@
 """``verify_and_linearize``: Gym's receipt verifier (section 4), phases and check order exact.
 
-Hot path (numpy columns, every row plainly valid): each phase is a few passes over all rows,
-C-level ``map``/``zip``/``set`` over the fields and numpy over the packed columns, with no
-Python per row (issue 31: per-row Python was most of the time, more so on slower cores). The
-big-endian token image of each row is computed once and reused for its call digest, chain hash
-and the cumulative hash. A pass that finds anything wrong hands over to the row-by-row checks,
-which raise the first error in Gym's order with Gym's text; they are also the path for Python
-list columns.
+Hot path: every row's call digest is recomputed from packed columns; the big-endian token image
+of each row is computed once and reused for its call digest, chain hash and the cumulative hash
+(over the chain's runs of rows, without a copy). The per-row loops call no Python function on
+a row that passes (issue 31: a call per row per phase was a measurable share of the time on
+slower cores); ``_compare_fields``, ``_recompute_digest`` and the list-column path run only
+where a row needs them.
 """
 
 from __future__ import annotations
@@ -14,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import struct
 from itertools import accumulate, repeat
-from operator import attrgetter, gt, methodcaller, sub
+from operator import attrgetter, sub
 
 import numpy as np
 
@@ -32,16 +31,11 @@ from .constants import (
 from .digests import check_staging_preconditions, staging_digest_from_image
 from .errors import RebuildError, ReceiptVerificationError
 from .linearized import ExtrasCommitment, LinearizedRow, WeightVersionSpan, build_all
-from .packed import ROW, ROLLOUT_ID, PackedRows, all_ints, columns_of, digests32
+from .packed import PackedRows
 from .records import RolloutReceipt, StagedCallBaseSnapshot
 
 E = ReceiptVerificationError
 R = RebuildError
-_VERSIONS = attrgetter(*VERSION_FIELDS)
-_CALL_ID, _KEY = attrgetter("model_call_id"), attrgetter("staging_key")
-_CHAIN_HASH, _WEIGHT_VERSION = attrgetter("chain_hash"), attrgetter("weight_version")
-_COMMITMENT = attrgetter("model_call_id", "extras_digest_version", "extras_digest")
-_SHA256, _JOIN, _RAW = hashlib.sha256, b"".join, methodcaller("digest")
 _U64 = struct.Struct(">Q").pack
 
 
@@ -56,16 +50,9 @@ def verify_and_linearize(receipt, snapshots, *, digests_verified: bool = False) 
     _gate(receipt)
     manifest = receipt.manifest
     snapshots = list(snapshots)
-    bound = _bind_all_rows(receipt, manifest, snapshots, digests_verified)
-    if bound is not None:
-        packed, columns = bound
-        images = packed.token_rows
-    else:
-        columns = None
-        images, packed = _bind_rows(receipt, manifest, snapshots, digests_verified)
-    by_id = dict(zip(map(_CALL_ID, manifest), range(len(manifest))))
-    if columns is None or not _graph_holds(columns):
-        _check_graph(manifest, by_id)
+    images, packed = _bind_rows(receipt, manifest, snapshots, digests_verified)
+    by_id = {record.model_call_id: i for i, record in enumerate(manifest)}
+    _check_graph(manifest, by_id)
     return _linearize(receipt, manifest, snapshots, by_id, images, packed)
 
 
@@ -86,38 +73,8 @@ def _gate(receipt) -> None:
         raise E(Code.EMPTY_MANIFEST, "successful receipt has no committed calls")
 
 
-def _bind_all_rows(receipt, manifest, snapshots, digests_verified: bool):
-    """Phase B for all rows at once: (packed columns, field columns) when every check of
-    ``_bind_rows`` holds for every row (digests recomputed unless verified), else None, and
-    the caller runs ``_bind_rows`` to raise the first failure. The fields are compared as
-    ``_compare_fields`` compares them (tuples); the ids that it compares with ``!=`` are
-    ``str``, so the set and list comparisons here decide exactly as the row-by-row checks."""
-    n = len(manifest)
-    if len(snapshots) != n or not all(map(isinstance, snapshots, repeat(StagedCallBaseSnapshot))):
-        return None
-    try:
-        rows = list(map(ROW, snapshots))
-        if rows != list(map(ROW, manifest)):   # every compared field and version, row by row
-            return None
-        columns, versions = columns_of(rows), _VERSIONS(receipt)
-        ids = columns.model_call_id
-        if not (set(map(type, ids)) == {str} and len(set(ids)) == n
-                and len(set(map(_CALL_ID, manifest))) == n and len(set(map(_KEY, manifest))) == n
-                and set(map(type, versions)) == {int} and set(map(_VERSIONS, manifest)) == {versions}
-                and type(receipt.rollout_id) is str
-                and set(map(ROLLOUT_ID, snapshots)) == {receipt.rollout_id}):
-            return None
-    except Exception:  # noqa: BLE001 - a value that cannot be compared or hashed (construct()ed
-        return None    # records): the row-by-row checks raise what they raise, in their order
-    packed = PackedRows.try_pack(snapshots)
-    if packed is None or (not digests_verified and packed.call_digests(snapshots, columns)
-                          != list(columns.digest)):
-        return None
-    return packed, columns
-
-
 def _bind_rows(receipt, manifest, snapshots, digests_verified: bool = False):
-    """Phase B row by row: unique ids and keys, one snapshot per row in order, fields equal, digests
+    """Phase B: unique ids and keys, one snapshot per row in order, fields equal, digests
     recomputed. Returns each row's big-endian token image and the packed columns (or None)."""
     ids: set[str] = set()
     keys: set[str] = set()
@@ -131,7 +88,7 @@ def _bind_rows(receipt, manifest, snapshots, digests_verified: bool = False):
     if len(snapshots) != len(manifest):
         raise E(Code.ROW_COUNT_MISMATCH, f"{len(snapshots)} snapshots for {len(manifest)} manifest rows")
     packed = None  # a non-snapshot is reported in row order below
-    if all(isinstance(s, StagedCallBaseSnapshot) for s in snapshots):
+    if all(map(isinstance, snapshots, repeat(StagedCallBaseSnapshot))):
         packed = PackedRows.try_pack(snapshots)
     seen: set[str] = set()
     images = []
@@ -151,7 +108,12 @@ def _bind_rows(receipt, manifest, snapshots, digests_verified: bool = False):
                     f"{record.model_call_id}, received {call_id}")
         if snapshot.rollout_id != receipt.rollout_id:
             raise E(Code.WRONG_ROLLOUT, f"snapshot {record.model_call_id} belongs to {snapshot.rollout_id}")
-        _compare_fields(receipt, record, snapshot)
+        if not (_COMPARED(snapshot) == _COMPARED(record)   # _compare_fields' common case, inline
+                and snapshot.schema_version == record.schema_version == receipt.schema_version
+                and snapshot.digest_version == record.digest_version == receipt.digest_version
+                and snapshot.extras_digest_version == record.extras_digest_version
+                == receipt.extras_digest_version):
+            _compare_fields(receipt, record, snapshot)   # raises, naming the field
         if packed is not None:
             image = packed.token_rows[i]
             if not digests_verified:
@@ -226,21 +188,6 @@ def _recompute_digest(record, s, packed, i):
     return token_image
 
 
-def _graph_holds(c) -> bool:
-    """Phase C, step 9, for all rows at once (``c``: the bound rows' field columns, the
-    manifest's values): True when every parent is a row whose cum_len is the child's prev_len
-    and every row's cum_len exceeds its prev_len, so cum_len rises along every parent link and
-    no walk can cycle; False sends the rows to ``_check_graph``, which names the failure."""
-    if not (all_ints(c.prev_len, c.cum_len) and all(map(gt, c.cum_len, c.prev_len))):
-        return False
-    end_of = dict(zip(c.model_call_id, c.cum_len))
-    end_of[None] = 0   # a root starts at 0
-    try:
-        return list(map(end_of.get, c.parent_call_id)) == list(c.prev_len)
-    except Exception:  # noqa: BLE001 - a parent id that cannot be hashed: _check_graph says so
-        return False
-
-
 def _check_graph(manifest, by_id) -> None:
     """Phase C, step 9: parents exist, lengths join, no cycles (memoized ancestry walks)."""
     acyclic: set[str] = set()
@@ -277,87 +224,66 @@ def _linearize(receipt, manifest, snapshots, by_id, images, packed) -> Linearize
         chain.append(by_id[node])
         node = manifest[by_id[node]].parent_call_id
     chain.reverse()
-    records = list(map(manifest.__getitem__, chain))
-    rows = np.array(chain, dtype=np.int64) if packed is not None else None
-    shape = _chain_holds(records, rows, images, packed) if packed is not None else None
-    carries, lengths = shape or _check_chain(records, chain, images, snapshots, packed)
 
-    call_ids = list(map(_CALL_ID, records))
-    versions = list(map(_WEIGHT_VERSION, records))
-    ends = list(accumulate(lengths))
-    h = _SHA256(PREFIX_HASH_DOMAIN)
-    h.update(_U64(ends[-1]))
-    if packed is not None:
-        parts = _chain_parts(rows, packed)
-        token_ids = _gather_parts(packed.tokens, parts)
-        token_mask = _gather_parts(packed.masks, parts)
-        logprobs = _gather_parts(packed.logprobs, parts)
-        # every chain row has a generated token (checked above): the row is not empty
-        list(map(h.update, map(memoryview(packed.token_be).__getitem__, parts)))
-    else:
-        token_ids, token_mask, logprobs = _gather(chain, snapshots)
-        if not token_mask.any():
-            raise R(Code.EMPTY_TRAINING_ROW, "terminal chain has no generated tokens")
-        for row in chain:
-            h.update(images[row])
-    last = records[-1]
-    if last.cumulative_hash != h.hexdigest():
-        raise R(Code.CUMULATIVE_HASH_MISMATCH, f"terminal call {last.model_call_id} cumulative hash "
-                "does not cover the linearized tokens")
-    return LinearizedRow(
-        rollout_id=receipt.rollout_id, token_ids=token_ids, token_mask=token_mask,
-        logprobs=logprobs, model_call_ids=call_ids, prompt_len=carries[0], weight_versions=versions,
-        weight_version_spans=build_all(WeightVersionSpan, call_ids, [0, *ends[:-1]], ends, versions),
-        link_spans=list(zip(call_ids, carries, map(sub, lengths, carries))),
-        extras_commitments=build_all(ExtrasCommitment, *zip(*map(_COMMITMENT, records))))
-
-
-def _chain_holds(records, rows: np.ndarray, images, packed) -> tuple[list, list] | None:
-    """Step 10 for the whole chain at once: (carry, length) of each chain row when every row
-    extends its parent's chain hash and has a carry-then-generation mask with a generated token;
-    None when any does not (``_check_chain`` then names the first). Row k's chain hash is
-    computed from the *stored* hash of its parent, so all rows hash independently; when every
-    stored hash matches, that is the running hash row by row."""
-    if not packed.shape_ok[rows].all():
-        return None
-    raw = digests32(list(map(_CHAIN_HASH, records)))
-    if None in raw:
-        return None
-    lengths = (packed.offsets[rows + 1] - packed.offsets[rows]).tolist()
-    payloads = map(_JOIN, zip(
-        repeat(CHAIN_HASH_DOMAIN), [b"\x00", *repeat(b"\x01", len(raw) - 1)], [b"", *raw[:-1]],
-        map(_U64, lengths), map(images.__getitem__, rows.tolist())))
-    if list(map(_RAW, map(_SHA256, payloads))) != raw:
-        return None
-    return packed.carry[rows].tolist(), lengths
-
-
-def _check_chain(records, chain, images, snapshots, packed) -> tuple[list, list]:
-    """Step 10 row by row, in Gym's order: raises the first failure; else (carries, lengths)."""
+    records = [manifest[row] for row in chain]
     carries, lengths = [], []
-    running = None
+    if packed is not None:   # the mask shapes were computed for all rows at once
+        carry_of, order_of, length_of = packed.carry, packed.order_ok, packed.lengths
+    running_raw = None
+    sha256, join = hashlib.sha256, b"".join
     for record, row in zip(records, chain):
-        marker = b"\x00" if running is None else b"\x01" + running_raw
+        marker = b"\x00" if running_raw is None else b"\x01" + running_raw
         image = images[row]
-        running_raw = hashlib.sha256(b"".join((CHAIN_HASH_DOMAIN, marker, enc.u64(len(image)), image))).digest()
-        running = running_raw.hex()
-        if record.chain_hash != running:
+        running_raw = sha256(join((CHAIN_HASH_DOMAIN, marker, _U64(len(image)), image))).digest()
+        if record.chain_hash != running_raw.hex():
             raise R(Code.CHAIN_HASH_MISMATCH, f"call {record.model_call_id} does not extend its "
                     "parent's staged chain")
-        carry, order_ok, n = _mask_shape(snapshots[row], packed, row)
+        if packed is not None:
+            carry, order_ok, n = carry_of[row], order_of[row], length_of[row]
+        else:
+            carry, order_ok, n = _mask_shape(snapshots[row])
         if not order_ok:
             raise R(Code.INVALID_MASK_ORDER, f"call {record.model_call_id} mask is not carry-then-generation")
         if carry == n:
             raise R(Code.EMPTY_GENERATION, f"call {record.model_call_id} contains no policy-generated token")
         carries.append(carry)
         lengths.append(n)
-    return carries, lengths
 
-
-def _mask_shape(snapshot, packed, row) -> tuple[int, bool, int]:
-    """(carry length, mask is carry-then-generation, delta length) of one row."""
+    h = hashlib.sha256(PREFIX_HASH_DOMAIN)
+    h.update(_U64(sum(lengths)))
     if packed is not None:
-        return int(packed.carry[row]), bool(packed.order_ok[row]), packed.lengths[row]
+        parts = _chain_parts(chain, packed.bounds)
+        token_ids = _gather_parts(packed.tokens, parts)
+        token_mask = _gather_parts(packed.masks, parts)
+        logprobs = _gather_parts(packed.logprobs, parts)
+        token_be = memoryview(packed.token_be)
+        for part in parts:   # the chain's token images where they lie, no copy
+            h.update(token_be[part])
+    else:
+        token_ids, token_mask, logprobs = _gather(chain, snapshots)
+        for row in chain:
+            h.update(images[row])
+    if not token_mask.any():
+        raise R(Code.EMPTY_TRAINING_ROW, "terminal chain has no generated tokens")
+    last = records[-1]
+    if last.cumulative_hash != h.hexdigest():
+        raise R(Code.CUMULATIVE_HASH_MISMATCH, f"terminal call {last.model_call_id} cumulative hash "
+                "does not cover the linearized tokens")
+    call_ids = [record.model_call_id for record in records]
+    versions = [record.weight_version for record in records]
+    ends = list(accumulate(lengths))
+    return LinearizedRow(
+        rollout_id=receipt.rollout_id, token_ids=token_ids, token_mask=token_mask,
+        logprobs=logprobs, model_call_ids=call_ids, prompt_len=carries[0], weight_versions=versions,
+        weight_version_spans=build_all(WeightVersionSpan, call_ids, [0, *ends[:-1]], ends, versions),
+        link_spans=list(zip(call_ids, carries, map(sub, lengths, carries))),
+        extras_commitments=build_all(ExtrasCommitment, call_ids,
+                                     [record.extras_digest_version for record in records],
+                                     [record.extras_digest for record in records]))
+
+
+def _mask_shape(snapshot) -> tuple[int, bool, int]:
+    """(carry length, mask is carry-then-generation, delta length) of one Python-list row."""
     mask = np.asarray(snapshot.token_mask_delta, dtype=np.float64)
     generated = mask != 0.0
     n = len(mask)
@@ -365,22 +291,25 @@ def _mask_shape(snapshot, packed, row) -> tuple[int, bool, int]:
     return carry, bool((mask[carry:] == 1.0).all()), n
 
 
-def _chain_parts(rows: np.ndarray, packed) -> list[slice]:
-    """The chain's rows as slices of the packed columns, runs of adjacent rows merged into one
-    (off-chain rows sit between runs): in one numpy pass over the chain."""
-    starts, ends = packed.offsets[rows], packed.offsets[rows + 1]
-    breaks = np.flatnonzero(starts[1:] != ends[:-1]) + 1
-    firsts = np.concatenate(([0], breaks))
-    lasts = np.concatenate((breaks - 1, [len(rows) - 1]))
-    return list(map(slice, starts[firsts].tolist(), ends[lasts].tolist()))
+def _chain_parts(chain: list, bounds: list) -> list[slice]:
+    """The chain's rows as slices of the packed columns, adjacent rows merged (off-chain rows
+    sit between runs)."""
+    parts = []
+    for r in chain:
+        start, end = bounds[r], bounds[r + 1]
+        if parts and parts[-1].stop == start:
+            parts[-1] = slice(parts[-1].start, end)
+        else:
+            parts.append(slice(start, end))
+    return parts
 
 
 def _gather_parts(column: np.ndarray, parts: list[slice]) -> np.ndarray:
     """The chain's values of one packed column: the column itself when the chain is every row
-    in order, else the parts concatenated."""
+    in order, else its parts concatenated."""
     if len(parts) == 1 and parts[0].start == 0 and parts[0].stop == len(column):
         return column
-    return np.concatenate(list(map(column.__getitem__, parts)))
+    return np.concatenate([column[part] for part in parts])
 
 
 def _gather(chain, snapshots):
