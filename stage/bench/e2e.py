@@ -28,6 +28,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from stage.bench.broker import produce
+from stage.bench.machine import machine_info, machine_line
 from stage.client import receipt_event, staged_call_from_record
 from stage.contract import encode_routed_experts
 from stage.contract.producer import RolloutBuilder
@@ -372,7 +373,7 @@ def _run(bootstrap, groups, n, calls, tokens, layers, topk, partitions, latency_
                     # where a group's time goes inside the stage during the latency run
                     # (upper bounds of the Prometheus buckets holding the quantile)
                     "inside_stage_ms": inside},
-        "load_after": load_average(),
+        "load_after": load_average(), "machine": machine_info(),
     }
     report["meets_targets"] = bool(report["throughput_ratio"] >= 0.8 and latencies
                                    and report["latency"]["p99_ms"] <= 250)
@@ -383,6 +384,7 @@ def _run(bootstrap, groups, n, calls, tokens, layers, topk, partitions, latency_
         print(f"e2e on {broker_kind}, {partitions} partitions, router replay {routes}, finalize "
               f"{POOL.get('finalize_workers', 1)} {POOL.get('finalize_pool', 'thread')}(s): {line}; "
               f"{w['input_records']} input records, {w['input_bytes'] / 1e6:.1f} MB; machine load {load_before}")
+        print(machine_line(report["machine"]))
         print(f"passthrough: {p['records_per_s']:,.0f} records/s ({p['mb_per_s']:.1f} MB/s)")
         print(f"stage:       {s['records_per_s']:,.0f} records/s ({s['mb_per_s']:.1f} MB/s, "
               f"{s['groups_per_s']:.2f} groups/s, {s['canonical_tokens_per_s'] / 1e6:.2f} M canonical tokens/s)"

@@ -24,6 +24,7 @@ from stage.bench import pipeline as P
 from stage.bench.broker import produce
 from stage.bench.inputs import BENCH_MAX_RECORD_BYTES, RECEIPTS, bench_profile, fixed_group
 from stage.bench.inputs import profile_groups, profile_line
+from stage.bench.machine import machine_info, machine_line
 from stage.buffer import PartitionBuffer, Position
 from stage.client.consuming import take
 from stage.decode import InputLimits, receipt_item, staged_item
@@ -143,7 +144,7 @@ def run(*, bootstrap: str | None = None, profile: str = "default", as_json: bool
             rss_held = P.rss_bytes() - rss_before
             report = {
                 "benchmark": "fetch", "profile": profile, "profile_line": line,
-                "load_before": load_before, "load_after": P.load_average(),
+                "load_before": load_before, "load_after": P.load_average(), "machine": machine_info(),
                 "rows": len(rows), "fragments": fetched, "route_bytes": route_bytes,
                 "raw_consume_s": raw_s, "base64_sha256_s": b64_s,
                 "cold_s": cold_s, "cold_mb_per_s": route_bytes / cold_s / 1e6,
@@ -167,6 +168,7 @@ def render(r: dict) -> str:
     mb = r["route_bytes"] / 1e6
     return "\n".join([
         f"bench fetch: {r['profile_line']}; machine load {r['load_before']}",
+        machine_line(r["machine"]),
         f"group: {r['rows']} rows, {r['fragments']} fragments, {mb:,.1f} MB of routes",
         f"anchors: raw consume of the records {r['raw_consume_s']:.2f} s ({mb / r['raw_consume_s']:,.0f} MB/s), "
         f"base64 + SHA-256 of the routes {r['base64_sha256_s']:.2f} s",

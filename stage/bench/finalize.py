@@ -29,6 +29,7 @@ import time
 
 from stage.bench import pipeline as P
 from stage.bench.inputs import GroupInputs, bench_profile, fixed_group, profile_groups, profile_line
+from stage.bench.machine import machine_info, machine_line
 
 DEFAULT = "default"
 PROFILE_CHOICES = (DEFAULT, "toy", "agentic-moe")
@@ -147,7 +148,8 @@ def run(*, as_json: bool = False, repeats: int = 3, profile: str = DEFAULT, grou
     report = {"benchmark": "finalize", "profile": profile, "profile_line": line, "device": device,
               "torch_threads": torch.get_num_threads(),
               "repeats": repeats, "build_s": build_s, "load_before": load_before,
-              "load_after": P.load_average(), "groups": per_group, "scaling": scaling}
+              "load_after": P.load_average(), "groups": per_group, "scaling": scaling,
+              "machine": machine_info()}
     print(json.dumps(report, indent=2) if as_json else render(report))
     return report
 
@@ -169,7 +171,8 @@ def _ratios(entry: dict) -> None:
 
 def render(report: dict) -> str:
     lines = [f"bench finalize: {report['profile_line']}; device {report['device']}, torch threads "
-             f"{report['torch_threads']}, median of {report['repeats']}; machine load {report['load_before']}"]
+             f"{report['torch_threads']}, median of {report['repeats']}; machine load {report['load_before']}",
+             machine_line(report["machine"])]
     for g in report["groups"]:
         a = g["anchors"]
         lines.append(f"group {g['group_id']}: {g['rollouts']} rollouts, {g['calls']} calls, {g['tokens']:,} tokens, "

@@ -24,6 +24,7 @@ import tracemalloc
 
 from fastavro import parse_schema, schemaless_writer
 
+from stage.bench.machine import machine_line
 from stage.bench.wire import receipt_event_record, staged_call_record
 from stage.wire import AvroCodec, schema_json
 
@@ -179,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(f"# one hostile record of ~{size:,} bytes per case, decoded in a fresh interpreter; "
           "budget off = fastavro builds everything, then the decoder refuses")
+    print(f"# {machine_line()}")
     print("| case | budget | outcome | ms | tracemalloc peak MB (x size) | RSS growth MB |")
     print("|---|---|---|---|---|---|")
     for r in rows:

@@ -26,6 +26,7 @@ from confluent_kafka import Consumer, Producer
 from stage.bench.broker import produce
 from stage.bench.e2e import StageProcess, _config, _topics
 from stage.bench.inputs import BENCH_MAX_RECORD_BYTES, RECEIPTS, bench_profile, profile_groups, profile_line
+from stage.bench.machine import machine_info, machine_line
 from stage.bench.pipeline import load_average
 from stage.runtime.kafka.topics import create_topics
 from stage.wire.partitioner import LIBRDKAFKA_PARTITIONER
@@ -143,12 +144,14 @@ def _run(bootstrap, profile, groups, routes, cap, open_mode, group_size, as_json
               "groups": groups, "published": published, "cap_bytes": cap, "input_bytes": input_bytes,
               "idle_rss_bytes": idle, "peak_rss_bytes": sampler.peak_rss,
               "peak_held_bytes": sampler.peak_held, "peak_buffered_bytes": sampler.peak_buffered,
-              "rss_over_idle_per_cap": (sampler.peak_rss - idle) / cap, "load": load_average()}
+              "rss_over_idle_per_cap": (sampler.peak_rss - idle) / cap, "load": load_average(),
+              "machine": machine_info()}
     if as_json:
         print(json.dumps(report, indent=2))
         return 0
     mb = 1 << 20
     print(profile_line(profile, workload))
+    print(machine_line(report["machine"]))
     print(f"memory: {groups} groups, routes {routes}, groups open: {open_mode}, cap (max_buffered_bytes) "
           f"{cap / mb:.0f} MiB, input {input_bytes / mb:,.0f} MiB; machine load {report['load']}")
     print(f"  idle RSS {idle / mb:,.0f} MiB, peak RSS {sampler.peak_rss / mb:,.0f} MiB: peak - idle = "

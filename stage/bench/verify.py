@@ -18,11 +18,17 @@ import time
 
 import numpy as np
 
+from stage.bench.machine import machine_info, machine_line
 from stage.bench.timing import time_per_call
 from stage.contract import encoding as enc
 from stage.contract import verify_and_linearize
 from stage.contract.constants import CALL_DIGEST_DOMAIN, CHAIN_HASH_DOMAIN, PREFIX_HASH_DOMAIN
 from stage.contract.producer import RolloutBuilder
+
+
+# Issue 31: >= 0.6 of the bound on the large rollout, >= 0.5 on ~10k-token ones (agentic-moe's
+# shortest), on any core.
+RATIO_TARGETS = {"large": 0.6, "shortest": 0.5}
 
 
 def build_rollout(*, calls: int, root_prompt: int, carry: int, generated: int, seed: int = 0):
@@ -124,7 +130,7 @@ def run(*, as_json: bool = False, min_seconds: float = 2.0, target: float = 10e6
         results = [measure(name, receipt, snapshots, min_seconds) for name, receipt, snapshots in cases]
     report = {
         "benchmark": "verify", "profile": profile, "profile_line": line,
-        "python": platform.python_version(), "machine": platform.machine(),
+        "python": platform.python_version(), "machine": machine_info(),
         "malloc_tuning": os.environ.get("ROLLOUT_REASSEMBLER_MALLOC_TUNING", "1") != "0",
         "load_before": load_before, "load_after": load_average(),
         "target_tokens_per_s": target, "results": results,
@@ -133,8 +139,9 @@ def run(*, as_json: bool = False, min_seconds: float = 2.0, target: float = 10e6
     if as_json:
         print(json.dumps(report, indent=2))
     else:
-        print(f"verify_and_linearize vs SHA-256 of the same bytes (single thread, CPU time, "
-              f"Python {report['python']}, {report['machine']}); {line}; machine load {load_before}")
+        print(f"verify_and_linearize vs SHA-256 of the same bytes (single thread, CPU time); "
+              f"{line}; machine load {load_before}")
+        print(machine_line(report["machine"]))
         print(f"{'case':8} {'calls':>5} {'tokens':>7} {'verify ms':>10} {'hash ms':>8} "
               f"{'verify Mtok/s':>14} {'hash Mtok/s':>12} {'ratio':>6}")
         for r in results:
@@ -142,7 +149,10 @@ def run(*, as_json: bool = False, min_seconds: float = 2.0, target: float = 10e6
                   f"{r['hash_only_ms']:>8.3f} {r['verify_tokens_per_s'] / 1e6:>14.2f} "
                   f"{r['hash_bound_tokens_per_s'] / 1e6:>12.2f} {r['ratio_to_hash_bound']:>6.2f}")
         verdict = "meets" if report["meets_target"] else "MISSES"
-        print(f"target >= {target / 1e6:.0f} M tokens/s on the {results[0]['case']} rollout: {verdict}; "
-              f"target ratio >= 0.50 of the SHA-256 bound: "
-              f"{'meets' if results[0]['ratio_to_hash_bound'] >= 0.5 else 'MISSES'}")
+        print(f"target >= {target / 1e6:.0f} M tokens/s on the {results[0]['case']} rollout: {verdict}")
+        for r in results:   # issue 31's ratios, for a core without AVX-512 as for one with it
+            if r["case"] in RATIO_TARGETS:
+                goal = RATIO_TARGETS[r["case"]]
+                print(f"target ratio >= {goal:.2f} of the SHA-256 bound on the {r['case']} rollout: "
+                      f"{'meets' if r['ratio_to_hash_bound'] >= goal else 'MISSES'}")
     return report

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import io
 import json
-import platform
 import sys
 
 import numpy as np
 from fastavro import schemaless_reader, schemaless_writer
 
+from stage.bench.machine import machine_info, machine_line
 from stage.bench.timing import time_per_call
 from stage.contract.producer import RolloutBuilder
 from stage.wire import AvroCodec, pack_tensor
@@ -176,10 +176,10 @@ def main(argv: list[str] | None = None, profile: str = "default") -> int:
     sdk = sdk_staging()
     if "--json" in (argv if argv is not None else sys.argv[1:]):
         print(json.dumps({"benchmark": "wire", "profile": profile, "load": load, "results": rows,
-                          "sdk": sdk}, indent=2))
+                          "sdk": sdk, "machine": machine_info()}, indent=2))
         return 0
-    print(f"# Python {platform.python_version()}, {platform.machine()}, one thread, median of 5 rounds; "
-          f"profile {profile}; machine load {load}")
+    print(f"# one thread, median of 5 rounds; profile {profile}; machine load {load}")
+    print(f"# {machine_line()}")
     print("| case | bytes | encode us (rec/s, MB/s) | decode us (rec/s, MB/s) "
           "| bare fastavro write / read us | of the decode: budget walk us |")
     print("|---|---|---|---|---|---|")

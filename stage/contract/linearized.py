@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from itertools import repeat
 
 import numpy as np
 
@@ -62,3 +63,16 @@ class LinearizedRow:
             "extras_commitments": [[c.model_call_id, c.extras_digest_version, c.extras_digest]
                                    for c in self.extras_commitments],
         }
+
+
+_FIELD_NAMES = {cls: tuple(f.name for f in fields(cls)) for cls in (WeightVersionSpan, ExtrasCommitment)}
+
+
+def build_all(cls, *columns) -> list:
+    """``[cls(*row) for row in zip(*columns)]`` for the verifier's frozen output types, without
+    a Python ``__init__`` call per row (one instance per chain call is part of verification's
+    cost): each instance is allocated and given its field dict in C loops, as unpickling does."""
+    items = list(map(object.__new__, repeat(cls, len(columns[0]))))
+    names = _FIELD_NAMES[cls]
+    list(map(object.__setattr__, items, repeat("__dict__"), map(dict, map(zip, repeat(names), zip(*columns)))))
+    return items

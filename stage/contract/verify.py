@@ -1,13 +1,19 @@
 """``verify_and_linearize``: Gym's receipt verifier (section 4), phases and check order exact.
 
 Hot path: every row's call digest is recomputed from packed columns; the big-endian token image
-of each row is computed once and reused for its call digest, chain hash and the cumulative hash.
+of each row is computed once and reused for its call digest, chain hash and the cumulative hash
+(over the chain's runs of rows, without a copy). The per-row loops call no Python function on
+a row that passes (issue 31: a call per row per phase was a measurable share of the time on
+slower cores); ``_compare_fields``, ``_recompute_digest`` and the list-column path run only
+where a row needs them.
 """
 
 from __future__ import annotations
 
 import hashlib
-import operator
+import struct
+from itertools import accumulate, repeat
+from operator import attrgetter, sub
 
 import numpy as np
 
@@ -24,13 +30,13 @@ from .constants import (
 )
 from .digests import check_staging_preconditions, staging_digest_from_image
 from .errors import RebuildError, ReceiptVerificationError
-from .linearized import ExtrasCommitment, LinearizedRow, WeightVersionSpan
+from .linearized import ExtrasCommitment, LinearizedRow, WeightVersionSpan, build_all
 from .packed import PackedRows
 from .records import RolloutReceipt, StagedCallBaseSnapshot
 
 E = ReceiptVerificationError
-_BE_U64 = np.dtype(">u8")
 R = RebuildError
+_U64 = struct.Struct(">Q").pack
 
 
 def verify_and_linearize(receipt, snapshots, *, digests_verified: bool = False) -> LinearizedRow:
@@ -82,7 +88,7 @@ def _bind_rows(receipt, manifest, snapshots, digests_verified: bool = False):
     if len(snapshots) != len(manifest):
         raise E(Code.ROW_COUNT_MISMATCH, f"{len(snapshots)} snapshots for {len(manifest)} manifest rows")
     packed = None  # a non-snapshot is reported in row order below
-    if all(isinstance(s, StagedCallBaseSnapshot) for s in snapshots):
+    if all(map(isinstance, snapshots, repeat(StagedCallBaseSnapshot))):
         packed = PackedRows.try_pack(snapshots)
     seen: set[str] = set()
     images = []
@@ -102,7 +108,12 @@ def _bind_rows(receipt, manifest, snapshots, digests_verified: bool = False):
                     f"{record.model_call_id}, received {call_id}")
         if snapshot.rollout_id != receipt.rollout_id:
             raise E(Code.WRONG_ROLLOUT, f"snapshot {record.model_call_id} belongs to {snapshot.rollout_id}")
-        _compare_fields(receipt, record, snapshot)
+        if not (_COMPARED(snapshot) == _COMPARED(record)   # _compare_fields' common case, inline
+                and snapshot.schema_version == record.schema_version == receipt.schema_version
+                and snapshot.digest_version == record.digest_version == receipt.digest_version
+                and snapshot.extras_digest_version == record.extras_digest_version
+                == receipt.extras_digest_version):
+            _compare_fields(receipt, record, snapshot)   # raises, naming the field
         if packed is not None:
             image = packed.token_rows[i]
             if not digests_verified:
@@ -117,7 +128,7 @@ def _bind_rows(receipt, manifest, snapshots, digests_verified: bool = False):
     return images, packed
 
 
-_COMPARED = operator.attrgetter(*COMPARED_FIELDS)
+_COMPARED = attrgetter(*COMPARED_FIELDS)
 
 
 def _compare_fields(receipt, record, snapshot) -> None:
@@ -214,60 +225,65 @@ def _linearize(receipt, manifest, snapshots, by_id, images, packed) -> Linearize
         node = manifest[by_id[node]].parent_call_id
     chain.reverse()
 
-    call_ids, versions, wv_spans, links = [], [], [], []
-    running = None
-    prompt_len = 0
-    start = 0
-    for position, row in enumerate(chain):
-        record = manifest[row]
-        marker = b"\x00" if running is None else b"\x01" + running_raw
+    records = [manifest[row] for row in chain]
+    carries, lengths = [], []
+    if packed is not None:   # the mask shapes were computed for all rows at once
+        carry_of, order_of, length_of = packed.carry, packed.order_ok, packed.lengths
+    running_raw = None
+    sha256, join = hashlib.sha256, b"".join
+    for record, row in zip(records, chain):
+        marker = b"\x00" if running_raw is None else b"\x01" + running_raw
         image = images[row]
-        running_raw = hashlib.sha256(b"".join((CHAIN_HASH_DOMAIN, marker, enc.u64(len(image)), image))).digest()
-        running = running_raw.hex()
-        if record.chain_hash != running:
+        running_raw = sha256(join((CHAIN_HASH_DOMAIN, marker, _U64(len(image)), image))).digest()
+        if record.chain_hash != running_raw.hex():
             raise R(Code.CHAIN_HASH_MISMATCH, f"call {record.model_call_id} does not extend its "
                     "parent's staged chain")
-        carry, order_ok, n = _mask_shape(snapshots[row], packed, row)
+        if packed is not None:
+            carry, order_ok, n = carry_of[row], order_of[row], length_of[row]
+        else:
+            carry, order_ok, n = _mask_shape(snapshots[row])
         if not order_ok:
             raise R(Code.INVALID_MASK_ORDER, f"call {record.model_call_id} mask is not carry-then-generation")
         if carry == n:
             raise R(Code.EMPTY_GENERATION, f"call {record.model_call_id} contains no policy-generated token")
-        if position == 0:
-            prompt_len = carry
-        call_ids.append(record.model_call_id)
-        versions.append(record.weight_version)
-        wv_spans.append((record.model_call_id, start, start + n, record.weight_version))
-        links.append((record.model_call_id, carry, n - carry))
-        start += n
-    wv_spans = [WeightVersionSpan(*span) for span in wv_spans]
+        carries.append(carry)
+        lengths.append(n)
 
-    token_ids, token_mask, logprobs = _gather(chain, snapshots, packed)
-    if not token_mask.any():
-        raise R(Code.EMPTY_TRAINING_ROW, "terminal chain has no generated tokens")
     h = hashlib.sha256(PREFIX_HASH_DOMAIN)
-    h.update(enc.u64(start))
-    if packed is not None and len(chain) > 1:   # the gathered ids, in one buffer
-        h.update(token_ids.astype(_BE_U64))
+    h.update(_U64(sum(lengths)))
+    if packed is not None:
+        parts = _chain_parts(chain, packed.bounds)
+        token_ids = _gather_parts(packed.tokens, parts)
+        token_mask = _gather_parts(packed.masks, parts)
+        logprobs = _gather_parts(packed.logprobs, parts)
+        token_be = memoryview(packed.token_be)
+        for part in parts:   # the chain's token images where they lie, no copy
+            h.update(token_be[part])
     else:
+        token_ids, token_mask, logprobs = _gather(chain, snapshots)
         for row in chain:
             h.update(images[row])
-    last = manifest[chain[-1]]
+    if not token_mask.any():
+        raise R(Code.EMPTY_TRAINING_ROW, "terminal chain has no generated tokens")
+    last = records[-1]
     if last.cumulative_hash != h.hexdigest():
         raise R(Code.CUMULATIVE_HASH_MISMATCH, f"terminal call {last.model_call_id} cumulative hash "
                 "does not cover the linearized tokens")
-    commitments = [ExtrasCommitment(manifest[row].model_call_id, manifest[row].extras_digest_version,
-                                    manifest[row].extras_digest) for row in chain]
+    call_ids = [record.model_call_id for record in records]
+    versions = [record.weight_version for record in records]
+    ends = list(accumulate(lengths))
     return LinearizedRow(
         rollout_id=receipt.rollout_id, token_ids=token_ids, token_mask=token_mask,
-        logprobs=logprobs, model_call_ids=call_ids, prompt_len=prompt_len,
-        weight_versions=versions, weight_version_spans=wv_spans, link_spans=links,
-        extras_commitments=commitments)
+        logprobs=logprobs, model_call_ids=call_ids, prompt_len=carries[0], weight_versions=versions,
+        weight_version_spans=build_all(WeightVersionSpan, call_ids, [0, *ends[:-1]], ends, versions),
+        link_spans=list(zip(call_ids, carries, map(sub, lengths, carries))),
+        extras_commitments=build_all(ExtrasCommitment, call_ids,
+                                     [record.extras_digest_version for record in records],
+                                     [record.extras_digest for record in records]))
 
 
-def _mask_shape(snapshot, packed, row) -> tuple[int, bool, int]:
-    """(carry length, mask is carry-then-generation, delta length) of one row."""
-    if packed is not None:
-        return packed.carry[row], packed.order_ok[row], packed.bounds[row + 1] - packed.bounds[row]
+def _mask_shape(snapshot) -> tuple[int, bool, int]:
+    """(carry length, mask is carry-then-generation, delta length) of one Python-list row."""
     mask = np.asarray(snapshot.token_mask_delta, dtype=np.float64)
     generated = mask != 0.0
     n = len(mask)
@@ -275,21 +291,29 @@ def _mask_shape(snapshot, packed, row) -> tuple[int, bool, int]:
     return carry, bool((mask[carry:] == 1.0).all()), n
 
 
-def _gather(chain, snapshots, packed):
-    """The chain's token ids, masks and log-probs, concatenated root first."""
-    if packed is not None:
-        if chain == list(range(len(snapshots))):
-            return packed.tokens, packed.masks, packed.logprobs
-        bounds = packed.bounds
-        parts = []   # the chain's rows as slices, adjacent rows merged (off-chain rows between)
-        for r in chain:
-            start, end = bounds[r], bounds[r + 1]
-            if parts and parts[-1].stop == start:
-                parts[-1] = slice(parts[-1].start, end)
-            else:
-                parts.append(slice(start, end))
-        return tuple(np.concatenate([column[p] for p in parts])
-                     for column in (packed.tokens, packed.masks, packed.logprobs))
+def _chain_parts(chain: list, bounds: list) -> list[slice]:
+    """The chain's rows as slices of the packed columns, adjacent rows merged (off-chain rows
+    sit between runs)."""
+    parts = []
+    for r in chain:
+        start, end = bounds[r], bounds[r + 1]
+        if parts and parts[-1].stop == start:
+            parts[-1] = slice(parts[-1].start, end)
+        else:
+            parts.append(slice(start, end))
+    return parts
+
+
+def _gather_parts(column: np.ndarray, parts: list[slice]) -> np.ndarray:
+    """The chain's values of one packed column: the column itself when the chain is every row
+    in order, else its parts concatenated."""
+    if len(parts) == 1 and parts[0].start == 0 and parts[0].stop == len(column):
+        return column
+    return np.concatenate([column[part] for part in parts])
+
+
+def _gather(chain, snapshots):
+    """The chain's token ids, masks and log-probs of Python-list rows, concatenated root first."""
     ids = np.concatenate([np.asarray(snapshots[r].token_ids_delta, dtype=np.uint64) for r in chain])
     masks = np.concatenate([np.asarray(snapshots[r].token_mask_delta, dtype=np.float64) for r in chain])
     lps = np.concatenate([np.asarray(snapshots[r].generation_log_probs_delta, dtype=np.float64)
