@@ -130,6 +130,17 @@ class StageConfig(ConfigModel):
     max_poll_interval_ms: Int = Field(
         600_000, ge=1, le=86_400_000, description="consumer `max.poll.interval.ms`; must exceed "
                                                   "`revoke_budget_ms + transaction_timeout_ms`")
+    static_membership: bool = Field(
+        True, description="the consumer joins its group with `group.instance.id` = the transactional id "
+                          "(KIP-345), so a replica whose session expired while the brokers were "
+                          "unreachable (a broker restart longer than `session.timeout.ms`) takes its "
+                          "partitions back at once instead of waiting out its old session on the group "
+                          "coordinator; it still leaves the group on a graceful shutdown, so its "
+                          "partitions move at once. A `group.instance.id` set in `consumer` (the chart's "
+                          "staticMembership) wins and keeps Kafka's static behaviour: no leave on "
+                          "shutdown. false: a dynamic member, which after such an outage rejoins only "
+                          "once its old session expires (up to `session.timeout.ms` after the brokers "
+                          "are back)")
     revoke_budget_ms: Int = Field(10_000, ge=0, description="on revoke and shutdown, wait this long for "
                                                              "in-flight groups before handing partitions over")
     deadline_hold_max_ms: Int = Field(
