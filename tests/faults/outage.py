@@ -34,6 +34,7 @@ EVENTS = {
     "transaction stuck": r"publication stuck in",
     "transaction outcome": r"transaction (committed|aborted|outcome)",
     "assigned again": r"assigned partitions \[\d",
+    "brokers reachable": r"brokers reachable again",
     "producer replaced": r"new producer ready",
     "rewind": r"rewinding every partition",
 }
@@ -74,6 +75,7 @@ class Restart:
     stopped: float = 0.0                 # the broker was told to stop
     ready: float = 0.0                   # it answered metadata again
     fed: float = 0.0                     # the producers' records after it were all acknowledged
+    broker_log: str = ""                 # what the broker logged after its restart
     published: dict = field(default_factory=dict)   # group id -> first seen committed
     readiness: list = field(default_factory=list)   # (time, status, body)
     log_events: list = field(default_factory=list)  # (time, event, line) after the stop
@@ -188,6 +190,8 @@ def restart_under_stage(workdir: Path, *, down_s: float, settings: dict | None =
     log(f"stopping the broker (SIGTERM); starting it again {down_s:.0f}s after")
     broker.stop()
     time.sleep(max(0.0, seen.stopped + down_s - time.time()))
+    broker_log = broker.dir / "broker.log"
+    restarted_at = broker_log.stat().st_size if broker_log.exists() else 0
     broker.start(timeout=180)
     seen.ready = time.time()
     log(f"broker ready again {seen.ready - seen.stopped:.1f}s after the stop")
@@ -214,6 +218,8 @@ def restart_under_stage(workdir: Path, *, down_s: float, settings: dict | None =
     seen.readiness = list(readiness.seen)
     seen.log_events = log_events(stage.log(), seen.stopped)
     seen.exit_code = stage.returncode
+    if broker_log.exists():
+        seen.broker_log = broker_log.read_bytes()[restarted_at:].decode(errors="replace")
     return seen, context
 
 

@@ -68,9 +68,10 @@ class BrokerHealth:
         with self._lock:
             if self.down_since is None or outage != self.outage:
                 return False
-            seconds, self.down_since = self.clock() - self.down_since, None
-        logger.info("brokers reachable again: a new producer was initialized %.1fs after the "
-                    "outage began", seconds)
+            # said before readiness can turn true, so the log orders the two
+            logger.info("brokers reachable again: a new producer was initialized %.1fs after the "
+                        "outage began", self.clock() - self.down_since)
+            self.down_since = None
         return True
 
     # -- asked by the runtime --------------------------------------------------------------
