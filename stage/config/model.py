@@ -117,8 +117,9 @@ class StageConfig(ConfigModel):
     transaction_timeout_ms: Int = Field(
         120_000, ge=1000, le=KAFKA_MAX_TRANSACTION_TIMEOUT_MS,
         description="producer `transaction.timeout.ms`; at most the brokers' "
-                    "`transaction.max.timeout.ms` (Kafka's default 900000). A transaction still "
-                    "running 15 s past it is stuck in the client: the stage exits 8")
+                    "`transaction.max.timeout.ms` (Kafka's default 900000). One that outlives it (the "
+                    "brokers unreachable) is aborted by the brokers: the stage starts a new producer "
+                    "and re-reads from the committed offsets")
     publish_stuck_ms: Int = Field(
         15_000, ge=1000, description="a transaction whose coordinator call (begin, send offsets, commit, "
                                      "abort: milliseconds normally, whatever the batch size) has not "
@@ -126,10 +127,23 @@ class StageConfig(ConfigModel):
                                      "restart): readiness turns false and a new producer with the same "
                                      "transactional.id fences the stuck one and aborts its transaction, "
                                      "then the stage rewinds to the committed offsets. Capped at "
-                                     "`transaction_timeout_ms`")
+                                     "`transaction_timeout_ms`. When the consumer saw every broker down "
+                                     "the new producer starts at once instead (docs/operations.md, "
+                                     "Broker outages)")
     max_poll_interval_ms: Int = Field(
         600_000, ge=1, le=86_400_000, description="consumer `max.poll.interval.ms`; must exceed "
                                                   "`revoke_budget_ms + transaction_timeout_ms`")
+    static_membership: bool = Field(
+        True, description="the consumer joins its group with `group.instance.id` = the transactional id "
+                          "(KIP-345), so a replica whose session expired while the brokers were "
+                          "unreachable (a broker restart longer than `session.timeout.ms`) takes its "
+                          "partitions back at once instead of waiting out its old session on the group "
+                          "coordinator; it still leaves the group on a graceful shutdown, so its "
+                          "partitions move at once. A `group.instance.id` set in `consumer` (the chart's "
+                          "staticMembership) wins and keeps Kafka's static behaviour: no leave on "
+                          "shutdown. false: a dynamic member, which after such an outage rejoins only "
+                          "once its old session expires (up to `session.timeout.ms` after the brokers "
+                          "are back)")
     revoke_budget_ms: Int = Field(10_000, ge=0, description="on revoke and shutdown, wait this long for "
                                                              "in-flight groups before handing partitions over")
     deadline_hold_max_ms: Int = Field(

@@ -116,8 +116,18 @@ class _Publisher:
         """Called on the consumer's (loop) thread after ``publish`` returned: librdkafka serves
         a synchronous commit's result through the consumer, so it must not run beside poll()."""
 
-    def close(self) -> None:
-        self.producer.flush(self.timeout_s)
+    def close(self, timeout_s: float | None = None) -> None:
+        """Deliver what is queued (at-least-once), then let the producer go. A producer that
+        failed fatally (fenced, or its transaction aborted by the brokers) raises from flush:
+        that is logged, never raised, so it cannot hide the error that stopped the stage."""
+        try:
+            left = self.producer.flush(self.timeout_s if timeout_s is None else timeout_s)
+        except KafkaException as error:
+            logger.warning("closing the producer: %s (nothing is lost: what was not committed is "
+                           "re-read from the committed offsets)", error.args[0])
+            return
+        if left:
+            logger.warning("closing the producer: %d records not delivered", left)
 
 
 class TransactionalPublisher(_Publisher):
@@ -175,6 +185,11 @@ class TransactionalPublisher(_Publisher):
 class AtLeastOncePublisher(_Publisher):
     """Produce, wait for every delivery report, then commit offsets (duplicates possible after
     a crash between the two; the ledger still prevents republication of published groups)."""
+
+    def start(self) -> None:
+        """A metadata answer: the brokers are reachable (after an outage this is what says
+        publishing works again). Raises KafkaException (retriable) when none answers."""
+        self.producer.list_topics(timeout=self.timeout_s)
 
     def publish(self, batch: Batch, consumer) -> None:
         if not batch:

@@ -45,7 +45,8 @@ from stage.runtime import exits
 from stage.runtime.detached import DetachedWorker
 from stage.runtime.gauges import Gauges
 from stage.runtime.kafka.availability import EndOffsetProbe, StartOffsets
-from stage.runtime.kafka.clients import Clients, consumer_config, producer_config
+from stage.runtime.kafka.clients import Clients, consumer_config, producer_config, static_member_id
+from stage.runtime.kafka.health import BrokerHealth
 from stage.runtime.kafka.probes import BrokerQueries
 from stage.runtime.kafka.registry import SchemaResolver, build_codecs
 from stage.runtime.kafka.startup import connect_admin, probe_device, register_output_schemas
@@ -70,6 +71,7 @@ from stage.wire import OUTPUT_RECORDS
 logger = logging.getLogger(__name__)
 
 _TOPOLOGY_CHECK_S = 30.0
+_LEAVE_S = 5.0   # a static member's revoke before it leaves, at most
 
 
 class StageRuntime:
@@ -87,6 +89,7 @@ class StageRuntime:
         self.dims_cache = RouteDimsCache()
         self.topics = input_topics(cfg.topics)
         self.clients = Clients()
+        self.broker_health = BrokerHealth()   # told by the consumer's error callback
         self.partitions = Partitions()
         self.pauses = PauseSet(self.topics)
         self.resolver = SchemaResolver() if cfg.framing == "confluent" else None
@@ -114,13 +117,14 @@ class StageRuntime:
                                  spill_root=self.spill_root)
         self.intake = Intake(topics=cfg.topics, codecs=self.codecs, limits=self.limits,
                              keep_routes=cfg.finalize.direct_routes, partitions=parts,
-                             resolver=self.resolver, clients=self.clients, stats=stats)
+                             resolver=self.resolver, clients=self.clients, stats=stats,
+                             transactional_id=cfg.effective_transactional_id)
         self.deadlines = Deadlines(topics=self.topics, hold_max_ms=cfg.deadline_hold_max_ms,
                                    partitions=parts, clients=self.clients, stats=stats)
         self.finalization = Finalization(workers=self.pool, max_inflight=cfg.max_inflight_groups,
                                          routes_mode=_routes_mode(cfg), partitions=parts, stats=stats)
         self.flight = Flight(cfg, pool=self.publish_pool, stats=stats, new_publisher=self._new_publisher,
-                             recover=cfg.processing == EXACTLY_ONCE)
+                             recover=cfg.processing == EXACTLY_ONCE, health=self.broker_health)
         self.publication = Publication(cfg, flight=self.flight, ledger_codec=self.codecs["LedgerEntry"],
                                        clock=self.clock, partitions=parts, stats=stats)
         self.assignment = Assignment(cfg, partitions=parts, clients=self.clients, stats=stats)
@@ -209,11 +213,7 @@ class StageRuntime:
         clients.queries = BrokerQueries(cfg)
         clients.probe = EndOffsetProbe(clients.queries, self.clock.now_ms)
         clients.start_offsets = StartOffsets(clients.queries)
-        consumer_conf = consumer_config(cfg)
-        if cfg.statistics_interval_ms > 0:  # per-partition consumer lag for /metrics
-            consumer_conf.setdefault("statistics.interval.ms", cfg.statistics_interval_ms)
-            consumer_conf["stats_cb"] = self.stats.sink.librdkafka_stats
-        clients.consumer = Consumer(consumer_conf)
+        clients.consumer = Consumer(self._consumer_config())
         # The other inputs are assigned by hand (not subscribed): load their metadata now so
         # their partitions start fetching as soon as they are assigned.
         for topic in alongside(cfg.topics):
@@ -224,6 +224,17 @@ class StageRuntime:
                                         _TOPOLOGY_CHECK_S)
         logger.info("stage started: %d partitions per topic, %s, transactional.id=%s; joining group %s",
                     self.partition_count, cfg.processing, cfg.effective_transactional_id, cfg.group_id)
+
+    def _consumer_config(self) -> dict:
+        """The consumer's settings with the runtime's callbacks: statistics (per-partition lag
+        for /metrics) and errors (every broker down: stage.runtime.kafka.health)."""
+        cfg = self.cfg
+        conf = consumer_config(cfg)
+        if cfg.statistics_interval_ms > 0:
+            conf.setdefault("statistics.interval.ms", cfg.statistics_interval_ms)
+            conf["stats_cb"] = self.stats.sink.librdkafka_stats
+        conf["error_cb"] = self.broker_health.error_callback("consumer")
+        return conf
 
     def _new_publisher(self):
         """A started publisher: in exactly-once mode init_transactions, which fences any earlier
@@ -263,21 +274,23 @@ class StageRuntime:
                     self._publish(force=True)
                 except Rewind as why:
                     logger.warning("shutdown: %s; the next owner re-reads from the committed offsets", why)
+            if static_member_id(self.cfg) is not None:
+                self._leave(consumer)
             consumer.close()  # leaves the group (the revoke callback publishes nothing new)
         except (StageFatal, exits.StageExit, KafkaException) as error:
             logger.error("shutdown could not publish what was finished: %s", error)
         finally:
-            # A publication stuck inside the Kafka client is abandoned, not waited for.
+            # A publication stuck inside the Kafka client is abandoned, not waited for; and
+            # nothing here may replace the error the stage stops with (a fenced producer's
+            # flush raises): each step is logged, not raised.
             stuck = self._fatal is not None and self._fatal.abandon_threads
             self.pool.shutdown(wait=False, cancel_futures=True)
             self.loader_pool.shutdown(wait=False, cancel_futures=True)
             self.publish_pool.shutdown(wait=not stuck)
-            if self.resolver is not None:
-                self.resolver.close()
-            if self.clients.queries is not None:
-                self.clients.queries.close()
+            _quietly("closing the schema registry client", self.resolver and self.resolver.close)
+            _quietly("closing the broker queries", self.clients.queries and self.clients.queries.close)
             if not stuck:
-                self.flight.close()
+                _quietly("closing the producer", self.flight.close)
             self.clients.consumer = None
             for state in self.partitions:
                 state.close()
@@ -293,6 +306,18 @@ class StageRuntime:
                     self.publication.committed_offsets() or "unchanged")
         if self._fatal is not None and self._fatal.abandon_threads:
             raise self._fatal      # also after a SIGTERM: the caller must not join the stuck thread
+
+    def _leave(self, consumer) -> None:
+        """A static member leaves the group only when it unsubscribes (librdkafka sends no
+        LeaveGroup for one that just closes): unsubscribe, serve the revoke, then close."""
+        try:
+            consumer.unsubscribe()
+            deadline = time.monotonic() + _LEAVE_S
+            while len(self.partitions) and time.monotonic() < deadline:
+                consumer.poll(0.05)     # serves the revoke callback; records are not taken
+            consumer.poll(0.05)         # the LeaveGroup request goes out once unassigned
+        except KafkaException as error:   # fenced, or no coordinator: the session expires instead
+            logger.warning("leaving the group: %s", error.args[0])
 
     def _unpublished(self) -> int:
         fin = self.finalization
@@ -324,7 +349,7 @@ class StageRuntime:
         taken = self.intake.batch(messages, now, self.budget())
         self.publication.offer_dead_letters(taken.dead_letters)
         self.publication.offsets_moved(taken.moved)
-        self.loads.finish()
+        self.publication.tell_outcomes(self.loads.finish())
         if self.resolver is not None:
             self.resolver.poll()        # partitions whose schemas resolved fetch again
         ready, moved = self.deadlines.take_ready(now, self._pause_reasons())
@@ -474,6 +499,9 @@ class StageRuntime:
         return dict(self.finalization.halted)
 
     def readiness(self) -> tuple[bool, str]:
+        unreachable = self.broker_health.describe()
+        if unreachable is not None:
+            return False, unreachable
         if not len(self.partitions):
             return False, "no partitions assigned"
         loading = self.loads.loading
@@ -494,6 +522,16 @@ class StageRuntime:
     @property
     def ready(self) -> bool:
         return self.readiness()[0]
+
+
+def _quietly(what: str, close) -> None:
+    """A shutdown step whose failure is logged, never raised over the stage's own error."""
+    if not close:
+        return
+    try:
+        close()
+    except Exception as error:  # noqa: BLE001 - shutdown goes on; the stage's error stays the one reported
+        logger.warning("%s: %s: %s", what, type(error).__name__, error)
 
 
 def spill_root(cfg: StageConfig) -> Path | None:

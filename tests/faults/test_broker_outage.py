@@ -3,10 +3,13 @@ restart, a crashed pod rescheduled): every group is published exactly once and n
 by the same process.
 
 librdkafka (2.16) can hang forever in send_offsets_to_transaction after its group coordinator's
-broker went away and came back (librdkafka issues #5511, #5456). The stage finds the call stuck
-after publish_stuck_ms, turns readiness false, fences the stuck producer with a new one (same
-transactional.id) and rewinds: this test allows no restart, watches /readyz through the outage
-and prints the time from the broker's return to the last group published.
+broker went away and came back (librdkafka issues #5511, #5456). The stage sees every broker
+down through its consumer, turns readiness false and starts a new producer (same
+transactional.id) that fences the old one as soon as the broker answers; a call found stuck
+after publish_stuck_ms is replaced the same way. This test allows no restart, watches /readyz
+through the outage and prints the time from the broker's return to the last group published.
+The outage longer than the consumer's session timeout, with the default settings, is
+tests/faults/test_broker_restart.py.
 """
 
 from __future__ import annotations
@@ -104,10 +107,10 @@ def test_the_broker_restarting_under_open_groups_loses_and_duplicates_nothing(tm
         watcher.wait_for([g.group_id for g in everything], 180, procs=[stage], what="every group")
         recovered_s = time.monotonic() - back
         assert stage.alive(), f"the stage exited (rc {stage.returncode}) instead of recovering\n{stage.tail()}"
-        stuck = [body for _t, status, body in readiness.seen if status == 503 and "publication stuck" in body]
+        stuck = [body for _t, status, body in readiness.seen if status == 503 and
+                 ("publication stuck" in body or "brokers unreachable" in body)]
         hung = "publication stuck in" in stage.log()
-        if hung:   # librdkafka hung: readiness said so while the producer was replaced
-            assert stuck and "new producer ready" in stage.log(), stage.tail(60)
+        assert stuck and "new producer ready" in stage.log(), stage.tail(60)   # said, and replaced
         assert readiness.seen and readiness.seen[-1][1] == 200, readiness.seen[-5:]
         print(f"down {down_s}s: librdkafka {'hung' if hung else 'did not hang'}; every group published "
               f"{recovered_s:.1f}s after the broker came back; /readyz said {stuck[:1]}")

@@ -78,6 +78,15 @@ class Consumer:
     def consumer_group_metadata(self):
         return "group-metadata"
 
+    def unsubscribe(self):
+        self.calls.append(("unsubscribe",))
+
+    def poll(self, timeout=None):
+        return None
+
+    def close(self):
+        self.calls.append(("close",))
+
 
 class Probe:
     """Every input partition is available and read to its end."""
@@ -127,7 +136,7 @@ class Publisher:
     def commit_offsets(self, batch, consumer):
         pass
 
-    def close(self):
+    def close(self, timeout_s=None):
         pass
 
 

@@ -46,7 +46,7 @@ def _publication(stuck_ms=1000, new_publisher=None, transaction_timeout_ms=60_00
     cfg = StageConfig(bootstrap_servers="127.0.0.1:1", publish_stuck_ms=stuck_ms,
                       transaction_timeout_ms=transaction_timeout_ms)
     flight = Flight(cfg, pool=DetachedWorker("test-publish"), stats=Stats(), new_publisher=new_publisher)
-    flight.publisher = SimpleNamespace(phase=FLUSH, phase_since=time.monotonic())
+    flight.publisher = SimpleNamespace(phase=FLUSH, phase_since=time.monotonic(), close=lambda **k: None)
     pub = Publication(cfg, flight=flight, ledger_codec=None, clock=None, partitions=Partitions(),
                       stats=flight.stats)
     return Recorder(pub), flight
@@ -117,3 +117,55 @@ def test_without_a_replacement_the_stage_stops_at_the_stall_deadline(monkeypatch
     with pytest.raises(StageExit) as stop:
         pub.publish(force=True)
     assert stop.value.abandon_threads and "#5511" in str(stop.value) and pub.rewinds == []
+
+
+def _retriable_until(ready: threading.Event):
+    """A new_publisher that cannot start (the brokers do not answer) until ``ready`` is set."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    def new_publisher():
+        if not ready.is_set():
+            raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "brokers down", retriable=True))
+        return SimpleNamespace(phase="idle", phase_since=time.monotonic(), close=lambda **k: None)
+    return new_publisher
+
+
+def test_a_running_stage_waits_for_the_brokers_past_the_stall_deadline_instead_of_exiting(monkeypatch):
+    """An outage longer than the transaction timeout: the replacement keeps trying, readiness
+    stays false, and once a new producer starts the stage rewinds; it never stops by itself."""
+    monkeypatch.setattr(flight_module, "_ABORT_SWEEP_S", 0.0)
+    ready = threading.Event()
+    pub, flight = _publication(new_publisher=_retriable_until(ready), transaction_timeout_ms=1000)
+    _stuck_flight(flight, SEND_OFFSETS, 1.5)         # past publish_stuck_ms (1 s): replaced
+    deadline = time.monotonic() + 2.5                 # and past the stall deadline (1 s + 0)
+    while time.monotonic() < deadline:
+        pub.publish()                                 # the loop goes on: no StageExit
+        assert "replacing the producer" in flight.stuck()
+        time.sleep(0.05)
+    ready.set()
+    _until(lambda: flight.replacing.done())
+    pub.publish()
+    assert pub.rewinds == [1] and flight.current is None
+
+
+def test_a_transaction_aborted_by_the_brokers_after_an_outage_is_not_a_second_process(monkeypatch):
+    """The brokers abort a transaction that outlived transaction_timeout_ms and bump the
+    producer's epoch: librdkafka calls that fenced (fatal). Not exit 6: a new producer and a
+    rewind. A fence of a young transaction (another process with this id) still stops."""
+    from stage.publish import StageFatal
+
+    ready = threading.Event()
+    ready.set()
+    pub, flight = _publication(new_publisher=_retriable_until(ready), transaction_timeout_ms=1000)
+    future = _stuck_flight(flight, SEND_OFFSETS, 1.5)  # it outlived the transaction timeout
+    future.set_exception(StageFatal("fatal producer error: Local: This instance has been fenced"))
+    pub.publish()                                      # starts a replacement instead of landing it
+    _until(lambda: flight.replacing is not None and flight.replacing.done())
+    pub.publish()
+    assert pub.rewinds == [1] and flight.current is None
+
+    young = _stuck_flight(flight, SEND_OFFSETS, 0.0)
+    young.set_exception(StageFatal("fatal producer error: Local: This instance has been fenced"))
+    with pytest.raises(StageExit) as stop:
+        pub.publish()
+    assert stop.value.code == 6

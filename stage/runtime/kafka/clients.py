@@ -9,16 +9,34 @@ max.poll.interval.ms must exceed the revoke budget plus a publish.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from stage.config.model import EXACTLY_ONCE, StageConfig
 from stage.runtime.kafka.logs import kafka_logger
 
 
+# librdkafka backs off reconnecting to a broker up to reconnect.backoff.max.ms (10 s by default)
+# between attempts: after a broker restart each client would find it back up to 10 s late. One
+# attempt a second per broker while it is away costs nothing.
+RECONNECT_BACKOFF_MAX_MS = 1000
+
+
 def common(cfg: StageConfig) -> dict:
-    """Every client: the brokers, the ``kafka:`` passthrough, and librdkafka's log lines through
-    the stage's rate-limited logger (stage.runtime.kafka.logs)."""
-    return {"bootstrap.servers": cfg.bootstrap_servers, "logger": kafka_logger(), **cfg.kafka}
+    """Every client: the brokers, the reconnect back-off, the ``kafka:`` passthrough, and
+    librdkafka's log lines through the stage's rate-limited logger (stage.runtime.kafka.logs)."""
+    return {"bootstrap.servers": cfg.bootstrap_servers, "logger": kafka_logger(),
+            "reconnect.backoff.max.ms": RECONNECT_BACKOFF_MAX_MS, **cfg.kafka}
+
+
+def static_member_id(cfg: StageConfig) -> str | None:
+    """The group.instance.id the stage gives its consumer (``static_membership``), None when it
+    gives none: off, or set in ``consumer`` by the operator (then Kafka's static behaviour)."""
+    if not cfg.static_membership or "group.instance.id" in cfg.consumer:
+        return None
+    # Kafka takes [a-zA-Z0-9._-], at most 249 characters (as a topic name); a transactional id
+    # takes anything
+    return re.sub(r"[^A-Za-z0-9._-]", "_", cfg.effective_transactional_id)[:249]
 
 
 def consumer_config(cfg: StageConfig) -> dict:
@@ -35,6 +53,7 @@ def consumer_config(cfg: StageConfig) -> dict:
         "max.partition.fetch.bytes": cfg.max_record_bytes + (1 << 20),
         "receive.message.max.bytes": fetch + 1_000_000,
         "enable.partition.eof": False,
+        **({"group.instance.id": static} if (static := static_member_id(cfg)) else {}),
         **cfg.consumer,
     }
 

@@ -1,17 +1,35 @@
 """The one transaction in flight, on the publisher thread, and the producer it runs on.
 
-A publication stuck in a coordinator call (librdkafka #5511: send_offsets_to_transaction waits
-forever on a coordinator whose broker restarted) is recovered in process: once the call has
-not returned in ``publish_stuck_ms``, a new producer with the same transactional.id is started
-on its own thread; its init_transactions fences the stuck producer and aborts (or completes)
-its transaction, and the stage rewinds to the committed offsets as after any abort. The stuck
-call is left on its abandoned thread. Only if no new producer is ready by the time the brokers
-abort the transaction themselves (transaction timeout + their sweep) does the stage stop.
+The producer is replaced, in process, in two cases; the replacement (a new producer with the
+same transactional.id, started on its own thread) fences the old one with its
+init_transactions, which aborts the old one's open transaction, or completes it if its commit
+had reached the coordinator:
+
+- the brokers were seen unreachable (stage.runtime.kafka.health: librdkafka's
+  ``_ALL_BROKERS_DOWN``): the replacement starts at once and keeps trying until the brokers
+  answer, however long that takes. A transaction coordinator that went away and came back
+  leaves librdkafka's transactional calls waiting forever (librdkafka #5511, #5456), so the
+  old producer is not trusted with another transaction; a fresh one is ready the moment the
+  coordinator answers. No transaction is opened meanwhile, and readiness is false until it is
+  ready.
+- a coordinator call (begin, send offsets, commit, abort: milliseconds, whatever the batch
+  size) has not returned in ``publish_stuck_ms``, with no outage seen (#5511 after a
+  coordinator moved).
+
+A transaction cut short by a replacement raises ``Rewind`` (the stage re-reads from the
+committed offsets); which way it went is logged once its partitions' ledgers are read again
+(stage.runtime.steps.publication). A transaction that failed because the brokers aborted it
+(it outlived ``transaction_timeout_ms`` while they were unreachable: the coordinator bumps the
+epoch, which fences the producer) is the same case, not a second process with this
+transactional.id: it gets a replacement and a rewind, not exit 6. The stuck call is left on
+its abandoned thread. Only a forced wait (shutdown) gives up, once the brokers would have
+aborted the transaction themselves (transaction timeout + their sweep): then the stage exits 8.
 
 Owns: the publisher (made by ``new_publisher``, replaced only here), the flight (future,
-outputs, batch) and when it began, a producer replacement in progress, the producers walked
-away from. Outcomes: a replaced flight raises ``Rewind``; one that cannot be recovered raises
-the ``StageExit`` of a stalled publication.
+outputs, batch) and when it began, a producer replacement in progress and the outage it
+answers, the producers walked away from, and the groups of a transaction cut short (until
+their ledgers tell its outcome). Outcomes: a replaced flight raises ``Rewind``; one that
+cannot be recovered raises a ``StageExit``.
 """
 
 from __future__ import annotations
@@ -23,8 +41,10 @@ from concurrent.futures import Future, wait
 
 from confluent_kafka import KafkaException
 
+from stage.publish import StageFatal
 from stage.publish.transaction import COORDINATOR_CALLS, IDLE
 from stage.runtime import exits
+from stage.runtime.kafka.health import BrokerHealth
 from stage.runtime.state.memory import PRODUCER_COPIES
 from stage.runtime.steps.outcomes import Rewind
 
@@ -33,22 +53,35 @@ logger = logging.getLogger("stage.runtime.loop")
 # Kafka's transaction.abort.timed.out.transaction.cleanup.interval.ms (10 s) and a margin.
 _ABORT_SWEEP_S = 15.0
 _FORCED_WAIT_STEP_S = 0.05
+# A coordinator call unanswered this long makes readiness false (it is replaced only at
+# publish_stuck_ms): it answers in milliseconds when the coordinator is there.
+_UNANSWERED_S = 5.0
+# Between attempts to start a replacement while the brokers do not answer (each attempt
+# itself waits up to transaction_timeout_ms for them).
+_RETRY_FIRST_S, _RETRY_MAX_S = 0.25, 2.0
+_CUT_SHORT_KEPT = 10_000   # groups whose transaction outcome is still to be logged, at most
 
 
 class Flight:
-    def __init__(self, cfg, *, pool, stats, new_publisher=None, recover: bool = True) -> None:
+    def __init__(self, cfg, *, pool, stats, new_publisher=None, recover: bool = True,
+                 health: BrokerHealth | None = None) -> None:
         self.cfg = cfg
         self.pool = pool                    # DetachedWorker: one transaction at a time
         self.stats = stats
         self.new_publisher = new_publisher  # () -> a started publisher
         self.recover = recover              # replace a stuck producer (exactly-once only)
+        self.health = health if health is not None else BrokerHealth()   # read: outages
         self.stuck_after_s = min(cfg.publish_stuck_ms, cfg.transaction_timeout_ms) / 1000
         self.publisher = None
         self.current = None                 # (future, outputs, batch) or None
         self.started_at = 0.0
+        self._outage_at_launch = 0          # the health's outage count when the flight began
         self.replacing: Future | None = None   # a new publisher being started
+        self._replacing_for: int | None = None   # the outage it answers (None: a stuck call)
         self._stuck_phase, self._stuck_at = "", 0.0
+        self._closing = threading.Event()   # replacements stop retrying
         self.abandoned: list = []           # stuck publishers, kept referenced (never destroyed here)
+        self.cut_short: list[tuple[int, str]] = []   # (partition, group id) of a replaced flight
 
     def start(self) -> None:
         """The first publisher (in exactly-once mode, its init_transactions fences any earlier
@@ -64,6 +97,20 @@ class Flight:
         return self.current is not None and self.current[0].done()
 
     @property
+    def settled(self) -> bool:
+        """The flight is done and may be landed: it succeeded, or it failed with no replacement
+        under way (a failed flight that a replacement answers waits for it: the rewind then
+        happens with the brokers back)."""
+        if not self.done:
+            return False
+        return self.current[0].exception() is None or self.replacing is None
+
+    @property
+    def can_launch(self) -> bool:
+        """A new transaction may start: no replacement under way, no outage."""
+        return self.replacing is None and self.health.down() is None
+
+    @property
     def nbytes(self) -> int:
         """The batch in flight, with librdkafka's copy of it (stage.runtime.state.memory)."""
         if self.current is None:
@@ -73,6 +120,7 @@ class Flight:
     def launch(self, outputs, batch, consumer) -> None:
         self.current = (self.pool.submit(self._timed_publish, batch, consumer), outputs, batch)
         self.started_at = time.monotonic()
+        self._outage_at_launch = self.health.outage
 
     def take(self):
         """The finished flight (future, outputs, batch), no longer in flight."""
@@ -90,90 +138,166 @@ class Flight:
         longer commit: the brokers abort it. A call still running then is stuck, not slow."""
         return self.started_at + self.cfg.transaction_timeout_ms / 1000 + _ABORT_SWEEP_S
 
-    def stuck(self) -> str | None:
-        """Why the publication in flight counts as stuck (for readiness), or None."""
+    def _call_age(self) -> tuple[str, float]:
+        """The call the flight is in and for how long ("" when none is running)."""
         if self.current is None or self.current[0].done():
-            return None
+            return "", 0.0
         phase = getattr(self.publisher, "phase", IDLE)
-        age = time.monotonic() - getattr(self.publisher, "phase_since", time.monotonic())
+        return phase, time.monotonic() - getattr(self.publisher, "phase_since", time.monotonic())
+
+    def stuck(self) -> str | None:
+        """Why publishing does not work now (for readiness), or None."""
         if self.replacing is not None:
-            return (f"publication stuck in {self._stuck_phase}: replacing the producer (fences the "
-                    f"stuck one) for {time.monotonic() - self._stuck_at:.0f}s")
-        if phase in COORDINATOR_CALLS and age > self.stuck_after_s:
-            return f"publication stuck in {phase} for {age:.0f}s"
+            what = ("the brokers were unreachable" if self._replacing_for is not None
+                    else f"publication stuck in {self._stuck_phase}")
+            return (f"{what}: replacing the producer (fences the old one) for "
+                    f"{time.monotonic() - self._stuck_at:.0f}s")
+        phase, age = self._call_age()
+        if phase in COORDINATOR_CALLS and age > min(self.stuck_after_s, _UNANSWERED_S):
+            return f"publication stuck in {phase} for {age:.0f}s (the transaction coordinator does not answer)"
         return None
 
-    def watch(self) -> None:
-        """The flight is not done: finish a replacement (Rewind), start one, or give up
-        (StageExit)."""
+    def watch(self, forced: bool = False) -> None:
+        """Every iteration, and while a forced publish waits: start a replacement (the brokers
+        were seen unreachable, or the call in flight is stuck), finish one that is ready
+        (``Rewind`` when it cut a transaction short). ``forced`` (shutdown): give up at the
+        stall deadline (``StageExit``)."""
         if self.replacing is not None:
             if self.replacing.done():
                 self._replaced()
-                return
-        elif self.recover and self.new_publisher is not None and self.stuck() is not None:
-            self._replace()
+            elif forced and self.in_flight and not self.done and time.monotonic() > self._stall_deadline():
+                self._stalled()
             return
-        if time.monotonic() > self._stall_deadline():
+        down = self.health.down()
+        if down is not None and self.new_publisher is not None:
+            self._replace(outage=down[0], why="the brokers were unreachable")
+            return
+        if self.done:
+            if self.current[0].exception() is not None and self._aborted_by_brokers():
+                self._replace(outage=None, why="the brokers aborted the transaction in flight (it "
+                                               "outlived transaction_timeout_ms, or they went away "
+                                               "while it ran)")
+            return
+        phase, age = self._call_age()
+        if not phase:
+            return
+        if (self.recover and self.new_publisher is not None and phase in COORDINATOR_CALLS
+                and age > self.stuck_after_s):
+            self._replace(outage=None, why=f"publication stuck in {phase} for {age:.0f}s (librdkafka "
+                                           "#5511 after a coordinator moved)")
+        elif time.monotonic() > self._stall_deadline():
             self._stalled()
 
     def wait(self) -> None:
         """Shutdown or revoke: wait for the flight, recovering it if it is stuck (bounded by
         the stall deadline)."""
         while self.current is not None and not self.current[0].done():
-            self.watch()
+            self.watch(forced=True)
             if self.current is not None:
                 wait([self.current[0]], timeout=_FORCED_WAIT_STEP_S)
 
-    def _replace(self) -> None:
+    def _aborted_by_brokers(self) -> bool:
+        """The failed flight's producer was fenced by the brokers' own abort of its transaction
+        (it outlived the transaction timeout, or the brokers went away while it ran), not by
+        another process with this transactional.id."""
+        error = self.current[0].exception()
+        if not (self.recover and self.new_publisher is not None and isinstance(error, StageFatal)):
+            return False
+        outlived = time.monotonic() - self.started_at > self.cfg.transaction_timeout_ms / 1000
+        return outlived or self.health.outage != self._outage_at_launch
+
+    def _replace(self, *, outage: int | None, why: str) -> None:
         publisher = self.publisher
-        self._stuck_phase = publisher.phase
+        self._stuck_phase = getattr(publisher, "phase", IDLE)
         self._stuck_at = time.monotonic()
-        logger.error("publication stuck in %s for %.0fs (librdkafka #5511 after a broker restart); "
-                     "starting a new producer with transactional.id %s to fence it and abort its "
-                     "transaction", publisher.phase, time.monotonic() - publisher.phase_since,
-                     self.cfg.effective_transactional_id)
-        self.stats.inc("publication_stuck")
+        self._replacing_for = outage
+        open_ = "its open transaction is aborted" if self.in_flight else "no transaction is open"
+        logger.warning("%s: starting a new producer with transactional.id %s to fence the old one "
+                       "(%s)", why, self.cfg.effective_transactional_id, open_)
+        if outage is None:
+            self.stats.inc("publication_stuck")
         self.replacing = Future()
         threading.Thread(target=self._start_publisher, args=(self.replacing,),
                          name="publisher-replacement", daemon=True).start()
 
     def _start_publisher(self, result: Future) -> None:
-        """Start a new publisher, retrying while the brokers cannot answer, until the stall
-        deadline (then the stage stops as before)."""
-        deadline = self._stall_deadline()
+        """Start a new publisher, retrying for as long as the brokers do not answer; only a
+        fatal error (authorization, configuration) ends it."""
+        pause, attempts = _RETRY_FIRST_S, 0
         while True:
             try:
                 result.set_result(self.new_publisher())
                 return
             except KafkaException as error:
                 err = error.args[0]
-                if err.fatal() or time.monotonic() > deadline:
+                if err.fatal() or self._closing.is_set():
                     result.set_exception(error)
                     return
-                logger.warning("the replacement producer could not start yet (%s); retrying", err)
-                time.sleep(1.0)
+                attempts += 1
+                if attempts in (1, 10) or attempts % 100 == 0:   # a few lines for a long outage
+                    logger.warning("the new producer could not start yet (%s; attempt %d); retrying "
+                                   "until the brokers answer", err, attempts)
+                if self._closing.wait(pause):
+                    result.set_exception(error)
+                    return
+                pause = min(2 * pause, _RETRY_MAX_S)
             except BaseException as error:  # noqa: BLE001 - handed to the loop thread
                 result.set_exception(error)
                 return
 
     def _replaced(self) -> None:
-        """The new producer fenced the stuck one: abandon the stuck call and start over."""
+        """The new producer is ready (it fenced the old one): use it; a flight it cut short is
+        abandoned and the stage rewinds."""
         replacing, self.replacing = self.replacing, None
+        outage, self._replacing_for = self._replacing_for, None
         try:
             publisher = replacing.result()
-        except Exception as error:  # noqa: BLE001 - no producer: stop as a stuck publication does
+        except Exception as error:  # noqa: BLE001 - a fatal error: the stage stops with it
             logger.error("no replacement producer (%s: %s)", type(error).__name__, error)
-            self._stalled()
-        self.abandoned.append(self.publisher)
-        self.publisher = publisher
-        self.pool.abandon()
-        self.current = None
+            raise exits.kafka_fatal(f"a new producer could not be started: {error}") from None
+        old, self.publisher = self.publisher, publisher
         seconds = time.monotonic() - self._stuck_at
+        if outage is not None:
+            self.health.recovered(outage)
+        current = self.current
+        if current is not None and current[0].done() and current[0].exception() is None:
+            current = None   # it committed before the fence: landed as usual
+        self._retire(old, stuck=current is not None and not current[0].done())
+        if current is None:
+            logger.info("new producer ready %.1fs after it was started; publishing goes on", seconds)
+            return
+        if not current[0].done():
+            self.pool.abandon()
+        self.current = None
         self.stats.inc("publication_recoveries")
         self.stats.observe("publication_recovery_seconds", seconds)
-        logger.warning("new producer ready %.1fs after the publication was found stuck; the stuck "
-                       "transaction is aborted, rewinding to the committed offsets", seconds)
-        raise Rewind("a stuck publication was fenced by a new producer")
+        outputs = current[1]
+        self.cut_short.extend((out.partition, out.group_id) for out in outputs)
+        del self.cut_short[:-_CUT_SHORT_KEPT]
+        logger.warning("new producer ready %.1fs after it was started; the transaction in flight (%d "
+                       "groups) was committed if its commit had reached the coordinator, else it is "
+                       "aborted: the ledger tells which once it is read again; rewinding to the "
+                       "committed offsets", seconds, len(outputs))
+        raise Rewind("a transaction cut short by a new producer")
+
+    def _retire(self, publisher, *, stuck: bool) -> None:
+        """An old producer: kept referenced when a call is stuck in it (destroying it could
+        block), else closed on a thread of its own (it is fenced: nothing is left to send)."""
+        if publisher is None:
+            return
+        if stuck:
+            self.abandoned.append(publisher)
+            return
+        threading.Thread(target=publisher.close, kwargs={"timeout_s": 1.0}, name="publisher-close",
+                         daemon=True).start()
+
+    def cut_short_of(self, partition: int) -> list[str]:
+        """The groups of ``partition`` in a transaction cut short, handed over once (to be
+        looked up in its ledger)."""
+        mine = [group_id for p, group_id in self.cut_short if p == partition]
+        if mine:
+            self.cut_short = [(p, g) for p, g in self.cut_short if p != partition]
+        return mine
 
     def _stalled(self) -> None:
         age = time.monotonic() - self.started_at
@@ -181,5 +305,6 @@ class Flight:
         raise exits.publish_stalled(age, self.cfg.effective_transactional_id)
 
     def close(self) -> None:
+        self._closing.set()
         if self.publisher is not None:
             self.publisher.close()

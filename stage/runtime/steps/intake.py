@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 
-from confluent_kafka import KafkaException, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from stage.buffer import ADDED, CONFLICT, Position
 from stage.decode import DECODED_OVERHEAD_BYTES, DecodeError, MisroutedError, check_routing
@@ -51,7 +51,7 @@ class Taken:
 
 class Intake:
     def __init__(self, *, topics, codecs, limits, keep_routes, partitions, resolver, clients,
-                 stats) -> None:
+                 stats, transactional_id: str = "") -> None:
         self.kinds = by_topic(topics)           # input topic -> its InputKind
         self.codecs = codecs
         self.limits = limits
@@ -60,6 +60,7 @@ class Intake:
         self.resolver = resolver                # SchemaResolver, or None without a registry
         self.clients = clients                  # consumer and probe, read at call time
         self.stats = stats
+        self.transactional_id = transactional_id   # named when the consumer is fenced
         self.partition_count = 0                # of every input topic, checked at start
         self.blocked: set[tuple[str, int]] = set()   # put back during this consume batch
         self._room = 1 << 62                    # room left as of this batch's start, less what it admitted
@@ -80,6 +81,9 @@ class Intake:
         """Take one consumed record; the dead letter it became, if it became one now."""
         err = msg.error()
         if err is not None:
+            if err.code() == KafkaError.FENCED_INSTANCE_ID:   # static membership: the same id twice
+                raise exits.fenced(self.transactional_id, f"the consumer's group.instance.id is in use by "
+                                   f"another member of the group: {err}")
             if err.fatal():
                 raise exits.kafka_fatal(f"consumer: {err}")
             logger.warning("consumer error: %s", err)

@@ -92,20 +92,44 @@ class Publication:
     def stuck(self) -> str | None:
         return self.flight.stuck()
 
+    def tell_outcomes(self, partitions) -> None:
+        """Partitions whose ledger was just read again: say what happened to the groups of a
+        transaction that a new producer cut short (in the ledger: it committed)."""
+        for number in partitions:
+            groups = self.flight.cut_short_of(number)
+            state = self.partitions.get(number)
+            if not groups or state is None or state.buffer is None:
+                continue
+            committed = sorted(g for g in groups if g in state.buffer.published)
+            aborted = sorted(g for g in groups if g not in state.buffer.published)
+            if committed:
+                logger.warning("partition %d: the transaction cut short was committed: its groups %s "
+                               "are in the ledger and are not published again", number, committed)
+            if aborted:
+                logger.warning("partition %d: the transaction cut short was aborted: its groups %s are "
+                               "not in the ledger and are published again from the re-read input",
+                               number, aborted)
+
     # -- the step --------------------------------------------------------------------------
     def publish(self, consumer, force: bool = False) -> None:
         """Keep one transaction in flight on the publisher thread while the loop goes on
         consuming and finalizing; apply its outcome when it completes. ``force``: publish
         everything finished now and wait (shutdown, revoke)."""
         flight = self.flight
+        if force:
+            flight.wait()
+            flight.watch(forced=True)
+            if flight.in_flight and not flight.settled:
+                raise Rewind("the transaction in flight failed while its producer was being replaced")
+        else:
+            flight.watch()     # replacements: started, or finished (may raise Rewind)
         if flight.in_flight:
-            if force:
-                flight.wait()
-            elif not flight.done:
-                flight.watch()
+            if not flight.settled:
                 return
             self._land(*flight.take(), consumer)
         while True:
+            if not flight.can_launch:   # the brokers are unreachable, or a new producer is starting
+                return
             batch = self._next_batch(consumer, force)
             if batch is None:
                 return
