@@ -140,9 +140,14 @@ def test_static_membership_uses_the_pod_name_and_its_session_timeout():
     assert consumer["group.instance.id"] == POD_NAME == cfg.effective_transactional_id
     assert int(consumer["session.timeout.ms"]) == STATIC["staticMembership"]["sessionTimeoutMs"]
     assert int(consumer["session.timeout.ms"]) <= consumer["max.poll.interval.ms"]
-    default = consumer_config(load_stage_config(stage_yaml(render()), {
-        k: v for k, v in pod_env(render()).items() if k != "POD_NAME"}))
-    assert "group.instance.id" not in default and "session.timeout.ms" not in default
+    default_cfg = load_stage_config(stage_yaml(render()), {
+        k: v for k, v in pod_env(render()).items() if k != "POD_NAME"})
+    default = consumer_config(default_cfg)
+    # without the chart's value the stage is a static member too (static_membership, on by
+    # default: group.instance.id from its transactional id), with librdkafka's session timeout
+    from stage.runtime.kafka.clients import static_member_id
+    assert default["group.instance.id"] == static_member_id(default_cfg)
+    assert "session.timeout.ms" not in default
     assert values_yaml()["staticMembership"] == {"enabled": False, "sessionTimeoutMs": 120000}
     # librdkafka refuses session.timeout.ms above max.poll.interval.ms: so does the chart
     result = helm_cmd("template", {**STATIC, "config": {"bootstrap_servers": "b:9092", "max_poll_interval_ms": 60000}})
