@@ -9,6 +9,7 @@ from stage.config.types import ConfigModel, TopicName
 
 RECEIPTS_TOPIC = "rollouts.receipts"
 STAGED_CALLS_TOPIC = "rollouts.staged-calls"
+STAGED_ROUTES_TOPIC = "rollouts.staged-routes"
 CANONICAL_ROWS_TOPIC = "rollouts.canonical-rows"
 ROUTE_PLANS_TOPIC = "rollouts.route-plans"
 FINALIZED_GROUPS_TOPIC = "rollouts.finalized-groups"
@@ -21,6 +22,9 @@ class TopicNames(ConfigModel):
 
     receipts: TopicName = Field(RECEIPTS_TOPIC, description="input: receipt events")
     staged_calls: TopicName = Field(STAGED_CALLS_TOPIC, description="input: staged model calls")
+    staged_routes: TopicName = Field(STAGED_ROUTES_TOPIC, description="route chunks the staged calls "
+                                     "reference (read by the trainer's route fetcher; an input of the "
+                                     "stage in direct mode only)")
     canonical_rows: TopicName = Field(CANONICAL_ROWS_TOPIC, description="output: canonical rows")
     route_plans: TopicName = Field(ROUTE_PLANS_TOPIC, description="output: route plans (deferred mode)")
     finalized_groups: TopicName = Field(FINALIZED_GROUPS_TOPIC, description="output: one summary per group")

@@ -14,6 +14,7 @@ from stage.config.topics import (
     ROUTE_PLANS_TOPIC,
     STAGE_LEDGER_TOPIC,
     STAGED_CALLS_TOPIC,
+    STAGED_ROUTES_TOPIC,
     TopicNames,
 )
 
@@ -27,7 +28,8 @@ from .codec import (
 )
 from .errors import RegistryError, SchemaNotCached, WireError
 from .schemas import SCHEMAS_DIR_ENV, schema, schema_json, schema_names, schemas_dir
-from .topics import INPUT_LEDGER_FIELDS, INPUT_ROLES, OUTPUT_RECORDS, TOPIC_RECORDS, value_subject
+from .topics import (
+    INPUT_LEDGER_FIELDS, INPUT_ROLES, OUTPUT_RECORDS, PRODUCED_ROLES, TOPIC_RECORDS, value_subject)
 
 __getattr__, __dir__ = lazy_exports(__name__, globals(), {
     "tensors": ("STORAGE_DTYPES", "pack_tensor", "unpack_tensor", "unpack_torch"),
@@ -39,8 +41,8 @@ __all__ = [
     "RegistryError", "SchemaNotCached", "WireError",
     "SCHEMAS_DIR_ENV", "schema", "schema_json", "schema_names", "schemas_dir",
     "STORAGE_DTYPES", "pack_tensor", "unpack_tensor", "unpack_torch",
-    "RECEIPTS_TOPIC", "STAGED_CALLS_TOPIC", "CANONICAL_ROWS_TOPIC", "ROUTE_PLANS_TOPIC",
+    "RECEIPTS_TOPIC", "STAGED_CALLS_TOPIC", "STAGED_ROUTES_TOPIC", "CANONICAL_ROWS_TOPIC", "ROUTE_PLANS_TOPIC",
     "FINALIZED_GROUPS_TOPIC", "DEAD_LETTER_TOPIC", "STAGE_LEDGER_TOPIC", "TOPIC_RECORDS",
-    "INPUT_LEDGER_FIELDS", "INPUT_ROLES", "OUTPUT_RECORDS",
+    "INPUT_LEDGER_FIELDS", "INPUT_ROLES", "OUTPUT_RECORDS", "PRODUCED_ROLES",
     "TopicNames", "value_subject",
 ]

@@ -40,7 +40,7 @@ HEADER_BYTES = 5
 # so they get 8 MiB (a 10,000-call receipt is ~3.5 MB).
 DEFAULT_MAX_RECORD_BYTES = 64 * 1024 * 1024
 SMALL_RECORD_MAX_BYTES = 8 * 1024 * 1024
-_TENSOR_RECORDS = frozenset(("StagedCall", "CanonicalRow", "PackedTensor"))
+_TENSOR_RECORDS = frozenset(("StagedCall", "CanonicalRow", "PackedTensor", "RouteChunk"))
 # A kind's own cap, whatever max_record_bytes the codec is given (the runtime gives every codec
 # the stage's max_record_bytes, sized for tensor records): a receipt is token-free, and its
 # 8 MiB is what keeps its decoded manifest and per-label metrics bounded.
@@ -48,7 +48,7 @@ _KIND_CAPS = {"ReceiptEvent": SMALL_RECORD_MAX_BYTES}
 # The records producers write: untrusted, so decoded under the budget (stage.wire.bounds).
 # The stage's own outputs are not: a GroupSummary of many short rejections legitimately
 # decodes to ~20x its bytes.
-INPUT_RECORDS = frozenset(("StagedCall", "ReceiptEvent"))
+INPUT_RECORDS = frozenset(("StagedCall", "ReceiptEvent", "RouteChunk"))
 
 
 _MISSING_ID_TTL_S = 30.0  # re-ask the registry about an unknown id after this long

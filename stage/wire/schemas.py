@@ -178,6 +178,8 @@ def _inline(doc: Any, definitions: dict) -> Any:
         kind = node.get("type")
         if kind in ("record", "error", "enum", "fixed"):
             full = _fullname(node["name"], node.get("namespace", ns))
+            if full in seen:   # defined inside a type inlined earlier (TensorDType in PackedTensor)
+                return full
             seen.add(full)
             inner = full.rpartition(".")[0] or None
             if "fields" in node:

@@ -7,6 +7,7 @@ from __future__ import annotations
 TOPIC_RECORDS: dict[str, str | None] = {
     "receipts": "ReceiptEvent",
     "staged_calls": "StagedCall",
+    "staged_routes": "RouteChunk",
     "canonical_rows": "CanonicalRow",
     "route_plans": "RoutePlan",
     "finalized_groups": "GroupSummary",
@@ -23,9 +24,12 @@ INPUT_LEDGER_FIELDS: dict[str, str] = {
     "staged_calls": "max_staged_offset",
 }
 INPUT_ROLES: tuple[str, ...] = tuple(INPUT_LEDGER_FIELDS)
+# Topics producers write: the input roles, and the route chunks the staged calls reference
+# (read by the trainer's route fetcher, and by the stage in direct mode only).
+PRODUCED_ROLES: tuple[str, ...] = (*INPUT_ROLES, "staged_routes")
 # The records the stage publishes (their schemas are registered at start).
 OUTPUT_RECORDS: tuple[str, ...] = tuple(
-    record for role, record in TOPIC_RECORDS.items() if record and role not in INPUT_LEDGER_FIELDS)
+    record for role, record in TOPIC_RECORDS.items() if record and role not in PRODUCED_ROLES)
 
 
 

@@ -116,7 +116,7 @@ def test_walk_ends_where_the_record_ends(name, case, build):
 
 
 def test_outputs_and_inputs_default():
-    assert INPUT_RECORDS == {"StagedCall", "ReceiptEvent"}
+    assert INPUT_RECORDS == {"StagedCall", "ReceiptEvent", "RouteChunk"}
     assert all(AvroCodec(n).decode_budget is not None for n in INPUT_RECORDS)
     assert AvroCodec("GroupSummary").decode_budget is None   # the stage's own output
 

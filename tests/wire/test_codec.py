@@ -342,6 +342,7 @@ def test_topic_names():
     topics = TopicNames()
     assert topics.all() == {
         "receipts": "rollouts.receipts", "staged_calls": "rollouts.staged-calls",
+        "staged_routes": "rollouts.staged-routes",
         "canonical_rows": "rollouts.canonical-rows", "route_plans": "rollouts.route-plans",
         "finalized_groups": "rollouts.finalized-groups", "dead_letter": DEAD_LETTER_TOPIC,
         "stage_ledger": "rollouts.stage-ledger"}

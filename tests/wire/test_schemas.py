@@ -14,7 +14,7 @@ from stage.wire import SCHEMAS_DIR_ENV, WireError, schema, schema_json, schema_n
 from stage.wire.guard import check_decodable, find_error, named_types
 
 ALL = ("CanonicalRow", "GroupSummary", "LedgerEntry", "PackedTensor", "ReceiptEvent",
-       "RoutePlan", "StagedCall")
+       "RouteChunk", "RoutePlan", "StagedCall")
 
 
 def test_every_schema_loads_in_dependency_order():

@@ -13,7 +13,7 @@ if TYPE_CHECKING:   # the CLI reads this module's defaults while building its pa
     from stage.config.model import StageConfig
 
 # Topics whose partition counts must all be equal (the dead-letter topic is exempt).
-COPARTITIONED = ("receipts", "staged_calls", "canonical_rows", "route_plans", "finalized_groups",
+COPARTITIONED = ("receipts", "staged_calls", "staged_routes", "canonical_rows", "route_plans", "finalized_groups",
                  "stage_ledger")
 
 
