@@ -22,6 +22,7 @@ from stage.routes import (
 )
 from stage.routes.fragment import metadata_boundary_index, parse_extras_metadata, readonly_tensor
 from stage.staging.media import StagedMedia
+from stage.staging.route_refs import RouteReference
 
 
 @dataclass(frozen=True, eq=False)
@@ -43,6 +44,10 @@ class StagedRow:
     topk: TopK | None = None
     # The route payload was released at intake (a stage that never reads it): its row count.
     released_route_len: int | None = None
+    # The route payload was staged by reference (stage.staging.route_refs): where its chunks
+    # are. ``routes`` is then None until a direct-mode stage joins the chunks; a deferred stage
+    # never reads them and copies the reference into the row's plan.
+    route_ref: RouteReference | None = None
 
     @property
     def staging_key(self) -> str:
@@ -52,6 +57,8 @@ class StagedRow:
     def routed_len(self) -> int:
         if self.released_route_len is not None:
             return self.released_route_len
+        if self.routes is None and self.route_ref is not None:
+            return self.route_ref.shape[0]
         return 0 if self.routes is None else int(self.routes.shape[0])
 
     def fragment(self) -> RouteFragment | None:
