@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 
 KAFKA_LIB := .cache/kafka/lib
 
-.PHONY: install test bench demo clean kafka-jars apicurio-registry helm ops-tools promtool prometheus-bin compose-cli images docker-up docker-down constraints
+.PHONY: install test test-unit test-jvm bench demo clean kafka-jars apicurio-registry helm ops-tools promtool prometheus-bin compose-cli images docker-up docker-down constraints
 
 # Ops tooling for tests/ops, built from the Go module proxy into the ignored .cache/bin (needs
 # `go`; without it those tests skip). Idempotent: a stamp per version skips the build.
@@ -151,6 +151,15 @@ constraints: install
 # broker. KAFKA_TEST_BROKER=jvm skips Docker entirely.
 test: install kafka-jars apicurio-registry helm ops-tools promtool compose-cli
 	bash tools/docker/engine.sh run -- $(PY) -m pytest -q
+
+# The light paths (README, Test): what needs no broker and is not slow (fuzz, benchmark
+# commands: tests/conftest.py marks them), in a few minutes; then the whole suite
+# on the JVM broker from the Maven jars, without Docker (no engine installed or started).
+test-unit: install
+	KAFKA_TEST_BROKER=none $(PY) -m pytest -q -m "not broker and not slow" -p no:cacheprovider
+
+test-jvm: install kafka-jars apicurio-registry helm ops-tools promtool
+	KAFKA_TEST_BROKER=jvm DOCKER_SETUP=off $(PY) -m pytest -q
 
 bench: install
 	$(VENV)/bin/rollout-reassembler bench verify

@@ -3,6 +3,7 @@ Registry (Apicurio, session-wide); the hooks in tests/support/report.py name eac
 and attach its log to failures."""
 
 import secrets
+from pathlib import Path
 
 import pytest
 
@@ -49,3 +50,31 @@ def apicurio(tmp_path_factory):
     registry.start()
     yield registry
     registry.stop()
+
+
+# `make test-unit` runs what needs no broker, registry, container or built tool and is not
+# slow: everything but the tests marked `broker` or `slow` here (those using a broker or registry fixture, and the suites
+# that start brokers, containers or the examples themselves). `make test-jvm` runs all of it on
+# the JVM broker without Docker.
+_SERVER_FIXTURES = frozenset(("kafka", "tansu", "apicurio", "broker"))
+_SERVER_DIRS = frozenset(("integration", "faults", "docker", "examples", "crosslang", "demo", "brokers"))
+
+
+def pytest_collection_modifyitems(config, items):
+    tests = Path(__file__).resolve().parent
+    for item in items:
+        try:
+            parts = Path(str(item.fspath)).resolve().relative_to(tests).parts
+        except ValueError:
+            continue
+        if _SERVER_FIXTURES & set(getattr(item, "fixturenames", ())) or (parts and parts[0] in _SERVER_DIRS):
+            item.add_marker(pytest.mark.broker)
+        if _is_slow(parts, item.name):
+            item.add_marker(pytest.mark.slow)
+
+
+def _is_slow(parts: tuple[str, ...], name: str) -> bool:
+    """The fuzz suites and the benchmark command tests: a quarter of the broker-free run."""
+    module = parts[-1] if parts else ""
+    return (parts[:1] == ("fuzz",) or module.startswith("test_fuzz") or module == "test_bench_machine.py"
+            or (module == "test_cli.py" and name.startswith("test_bench")))

