@@ -18,7 +18,7 @@ from stage.publish.records import STAGING_KEYS_OMITTED
 from stage.routes import RouteDimsCache
 from stage.runtime.loop import build_codecs
 from stage.runtime.task.finalize_task import finalize_and_encode
-from stage.wire import AvroCodec
+from stage.wire import DEFAULT_MAX_RECORD_BYTES, AvroCodec
 from tests.integration.harness import expected_rows, make_group
 
 RECEIPTS, STAGED = AvroCodec("ReceiptEvent"), AvroCodec("StagedCall")
@@ -45,7 +45,7 @@ def taken(spec, staged=None):
     return ready[0][0]
 
 
-def run(group, finalize=ReassemblyConfig(), *, codecs=None, max_record_bytes=64 << 20):
+def run(group, finalize=ReassemblyConfig(), *, codecs=None, max_record_bytes=DEFAULT_MAX_RECORD_BYTES):
     cfg = StageConfig(max_record_bytes=max_record_bytes, finalize=finalize)
     return finalize_and_encode(group, COMPLETE, 0, config=cfg.finalize, dims_cache=RouteDimsCache(),
                                codecs=codecs or build_codecs(cfg), topics=cfg.topics,
@@ -133,15 +133,15 @@ def test_a_row_over_max_record_bytes_is_published_in_parts_and_reassembles_exact
 
 
 def test_a_128k_token_agentic_rollout_with_48x8_routes_is_published_in_parts_at_the_default_cap():
-    """Real size, default max_record_bytes (64 MiB): 64 calls, ~129k tokens, Qwen3-30B-A3B
-    router replay (48 layers x top-8, int16 in the row: ~99 MB of routes, over the cap)."""
+    """Real size, default max_record_bytes (8,000,000, managed Kafka's): 64 calls, ~129k tokens,
+    Qwen3-30B-A3B router replay (48 layers x top-8, int16 in the row: ~99 MB of routes, 13 parts)."""
     config = ReassemblyConfig(router_replay=True, route_layers=48, route_topk=8)
     spec = make_group("agentic", 1, calls=64, seed=6, routes=(48, 8), prompt=(2048, 1024),
                       generated=1000)
     out = run(taken(spec), config)
     assert out.error is None
     blobs = published(out, "canonical-rows")
-    assert len(blobs) >= 2 and all(len(blob) <= 64 << 20 for blob in blobs)
+    assert len(blobs) >= 13 and all(len(blob) <= DEFAULT_MAX_RECORD_BYTES for blob in blobs)
     group = rows_of(out)
     (row,), (want,) = group.rows, library_rows(spec, config)
     assert group.valid_rows == 1 and row.input_lengths == want.input_lengths > 128_000
