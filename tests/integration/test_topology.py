@@ -97,7 +97,7 @@ def test_topics_check_warns_about_weak_durability_and_can_require_it(kafka, tmp_
            "min.insync.replicas 1 (< 2)" in captured.err
     assert f"stage_ledger ({topics.stage_ledger}): replication factor 1 (< 3), min.insync.replicas 1 " \
            "(< 2), cleanup.policy delete" in captured.err
-    assert captured.err.count("warning: ") == 8          # seven topics and the advice
+    assert captured.err.count("warning: ") == 9          # eight topics and the advice
     assert main(["topics", "check", "--config", str(config), "--require-durable"]) == 1
 
 
