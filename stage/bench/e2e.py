@@ -9,8 +9,8 @@ the same input bytes on the same broker, in one run, then latency at half of the
    read_committed consumer.
 Throughput counts input records (and bytes) from partition assignment to the last commit.
 
-``--profile agentic-moe`` feeds groups of that workload profile (N=16, ~64 calls, 32k mean
-tokens; ``--layers 0`` stages them without routes) instead of the default's small groups, and
+``--profile agentic-moe`` (or ``frontier``) feeds groups of that workload profile (N=16, ~64
+calls, 32k mean tokens; ``--layers 0`` stages them without routes) instead of the default's small groups, and
 reports canonical tokens per second next to records per second.
 """
 
