@@ -150,6 +150,25 @@ def test_a_128k_token_agentic_rollout_with_48x8_routes_is_published_in_parts_at_
         assert torch.equal(getattr(row, name), getattr(want, name)), name
 
 
+@pytest.mark.parametrize("deferred", [False, True], ids=["direct", "deferred"])
+def test_every_output_of_a_frontier_group_fits_the_default_cap(deferred):
+    """Issue 26 item 4: at frontier route dims (40 layers x top-22, int16: 1,760 B a token) a
+    ~21k-token rollout is ~38 MB of routes; every record the stage writes for its group (rows
+    or row parts, plans, the summary, the ledger entry) is at most the default cap."""
+    config = ReassemblyConfig(router_replay=True, defer_routes=deferred, route_layers=40, route_topk=22)
+    spec = make_group("frontier", 2, calls=16, seed=7, routes=(40, 22), prompt=(2048, 1024), generated=256)
+    out = run(taken(spec), config)
+    assert out.error is None and out.outcome == COMPLETE
+    sizes = {topic.rsplit(".", 1)[-1]: [] for topic, _ in out.records}
+    for topic, value in out.records:
+        sizes[topic.rsplit(".", 1)[-1]].append(len(value))
+    assert all(size <= DEFAULT_MAX_RECORD_BYTES for values in sizes.values() for size in values), sizes
+    assert len(out.ledger_value) <= DEFAULT_MAX_RECORD_BYTES
+    assert set(sizes) == {"canonical-rows", "finalized-groups", *(["route-plans"] if deferred else [])}
+    assert len(sizes["canonical-rows"]) == (2 if deferred else 2 * 5)    # direct: 5 parts a row
+    assert rows_of(out).valid_rows == 2
+
+
 def library_rows(spec, config):
     """The rows the finalizer library computes from the same records (no wire, no stage)."""
     source = InMemoryTokenSource()
