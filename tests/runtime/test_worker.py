@@ -169,6 +169,22 @@ def test_every_output_of_a_frontier_group_fits_the_default_cap(deferred):
     assert rows_of(out).valid_rows == 2
 
 
+@pytest.mark.parametrize("dims", [(48, 8), (40, 22)], ids=["agentic-moe", "frontier"])
+@pytest.mark.parametrize("cap", [DEFAULT_MAX_RECORD_BYTES, 983_040], ids=["managed", "1MiB-broker"])
+def test_a_128k_token_direct_row_in_parts_under_each_documented_cap(cap, dims):
+    """docs/operations.md's figures: a 130,560-token row with direct routes in row parts under
+    the default cap and under the one for a broker at Apache Kafka's 1 MiB default; printed."""
+    config = ReassemblyConfig(router_replay=True, route_layers=dims[0], route_topk=dims[1])
+    spec = make_group("long", 1, calls=64, seed=6, routes=dims, prompt=(2048, 1024), generated=1000)
+    out = run(taken(spec), config, max_record_bytes=cap)
+    blobs = published(out, "canonical-rows")
+    assert out.error is None and all(len(blob) <= cap for blob in blobs)
+    (row,) = rows_of(out).rows
+    assert row.input_lengths == 130_560 and row.routed_experts.shape == (130_560, *dims)
+    print(f"\n{dims[0]}x{dims[1]} int16, max_record_bytes {cap:,}: {len(blobs)} row parts, "
+          f"{sum(map(len, blobs)) / 1e6:.1f} MB")
+
+
 def library_rows(spec, config):
     """The rows the finalizer library computes from the same records (no wire, no stage)."""
     source = InMemoryTokenSource()
