@@ -146,6 +146,9 @@ def test_missing_topics_are_created_when_an_existing_one_differs_in_its_configs(
     assert "ok: 2 partitions per topic" in captured.out
     # run starts past the topology check now (it would next need a consumer group: not run here)
     assert main(["topics", "check", "--config", config]) == 0
+    assert f"dead_letter ({topics.dead_letter}): " in (err := capsys.readouterr().err)
+    assert "max.message.bytes 1048576 (< max_record_bytes 8000000 + 65536: records at the cap would be refused" in err
+    assert main(["topics", "check", "--config", config, "--require-durable"]) == 1
 
 
 def test_another_partition_count_creates_nothing_and_says_which_to_ask(kafka, tmp_path, capsys):
@@ -159,3 +162,34 @@ def test_another_partition_count_creates_nothing_and_says_which_to_ask(kafka, tm
     assert "nothing was created" in captured.err and "created: nothing\n" in captured.out
     assert topics.staged_calls not in admin.list_topics(timeout=10).topics
     assert main(["topics", "create", "--config", config, "--partitions", "3", *ONE_BROKER]) == 0
+
+
+def test_a_topic_created_meanwhile_is_compared_not_a_crash(kafka):
+    """Two `topics create` at once (a chart's job and an operator): a topic missing from the
+    metadata read first exists by the time it is created (TOPIC_ALREADY_EXISTS). It is compared
+    like any existing topic instead of failing the command with a Kafka error."""
+    from stage.runtime.kafka.topics import TopicsDiffer, create_topics
+    from tests.integration.harness import stage_config
+    topics = unique_topics()
+    real = AdminClient({"bootstrap.servers": kafka.bootstrap})
+    _create(real, NewTopic(topics.staged_routes, 1, 1, config={"retention.ms": "3600000"}))
+
+    class Late:
+        """The admin client, whose first metadata answer does not show the route topic yet."""
+        first = True
+
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def list_topics(self, *args, **kwargs):
+            metadata = real.list_topics(*args, **kwargs)
+            if Late.first:
+                Late.first = False
+                metadata.topics.pop(topics.staged_routes)
+            return metadata
+
+    with pytest.raises(TopicsDiffer) as differ:
+        create_topics(Late(), stage_config(kafka.bootstrap, topics), partitions=1, replication=1,
+                      min_insync_replicas=1)
+    assert differ.value.differences == [f"{topics.staged_routes} has retention.ms=3600000, asked 604800000"]
+    assert set(differ.value.created) == set(topics.all().values()) - {topics.staged_routes}

@@ -140,24 +140,38 @@ def create_topics(admin: AdminClient, cfg: StageConfig, *, partitions: int,
         raise TopicsDiffer([], differences)
     specs = [s for s in specs if s.topic not in existing]
     if specs:
-        _create(admin, specs, partitions, replication, len(metadata.brokers), timeout)
+        raced = _create(admin, specs, partitions, replication, len(metadata.brokers), timeout)
+        if raced:   # created meanwhile by someone else (or not yet in the metadata): compared too
+            _wait_visible(admin, [s.topic for s in raced], None, timeout)
+            shown = admin.list_topics(timeout=timeout).topics
+            differences += _differences(admin, raced, shown, timeout)
+            specs = [s for s in specs if s not in raced]
     if differences:
         raise TopicsDiffer([s.topic for s in specs], differences)
     return [s.topic for s in specs]
 
 
 def _create(admin: AdminClient, specs: list[NewTopic], partitions: int, replication: int,
-            brokers: int, timeout: float) -> None:
+            brokers: int, timeout: float) -> list[NewTopic]:
+    """Create ``specs``; returns those that existed already (TOPIC_ALREADY_EXISTS: created since
+    the metadata was read, e.g. by a concurrent `topics create`, or not in it yet)."""
     if replication > brokers:    # Kafka would refuse each topic: say what to ask for
         raise _too_few_brokers(replication, brokers)
-    for future in admin.create_topics(specs, operation_timeout=timeout).values():
+    raced = []
+    futures = admin.create_topics(specs, operation_timeout=timeout)
+    for spec in specs:
+        future = futures[spec.topic]
         try:
             future.result()
         except KafkaException as error:   # a broker left since the metadata above
             if error.args[0].code() == KafkaError.INVALID_REPLICATION_FACTOR:
                 raise _too_few_brokers(replication, len(admin.list_topics(timeout=timeout).brokers)) from error
+            if error.args[0].code() == KafkaError.TOPIC_ALREADY_EXISTS:
+                raced.append(spec)
+                continue
             raise
-    _wait_visible(admin, [s.topic for s in specs], partitions, timeout)
+    _wait_visible(admin, [s.topic for s in specs if s not in raced], partitions, timeout)
+    return raced
 
 
 class TopicsDiffer(TopologyError):
@@ -217,8 +231,9 @@ def durability_warnings(admin: AdminClient, cfg: StageConfig, timeout: float = 1
     """What makes the stage's exactly-once weaker than production needs, one line per topic:
     fewer than DEFAULT_REPLICATION replicas or min.insync.replicas below
     DEFAULT_MIN_INSYNC_REPLICAS (a committed transaction can be lost with one broker), a
-    ledger that is not compacted (its entries expire with retention), and a route topic that is
-    (compaction keeps one chunk of each group id). Right for a single
+    ledger that is not compacted (its entries expire with retention), a route topic that is
+    (compaction keeps one chunk of each group id), and a topic whose max.message.bytes cannot
+    hold a record of the stage's max_record_bytes. Right for a single
     development broker; a warning, not a refusal."""
     roles = {role: getattr(cfg.topics, role) for role in (*COPARTITIONED, "dead_letter")}
     metadata = admin.list_topics(timeout=timeout).topics
@@ -238,6 +253,12 @@ def durability_warnings(admin: AdminClient, cfg: StageConfig, timeout: float = 1
                 and "compact" not in configs["cleanup.policy"].value:
             weak.append(f"cleanup.policy {configs['cleanup.policy'].value} (ledger entries expire "
                         "with retention; want compact)")
+        least = cfg.max_record_bytes + RECORD_HEADROOM_BYTES
+        if role != "stage_ledger" and "max.message.bytes" in configs \
+                and configs["max.message.bytes"].value.isdigit() and int(configs["max.message.bytes"].value) < least:
+            weak.append(f"max.message.bytes {configs['max.message.bytes'].value} (< max_record_bytes "
+                        f"{cfg.max_record_bytes} + {RECORD_HEADROOM_BYTES}: records at the cap would be "
+                        "refused; lower max_record_bytes or raise the topic's)")
         if role == "staged_routes" and "cleanup.policy" in configs \
                 and "compact" in configs["cleanup.policy"].value:
             weak.append(f"cleanup.policy {configs['cleanup.policy'].value} (chunks are keyed by group "
@@ -247,13 +268,14 @@ def durability_warnings(admin: AdminClient, cfg: StageConfig, timeout: float = 1
     return out
 
 
-def _wait_visible(admin: AdminClient, names: list[str], partitions: int, timeout: float) -> None:
+def _wait_visible(admin: AdminClient, names: list[str], partitions: int | None, timeout: float) -> None:
     """Creation returns before every broker's metadata has the topics; a consumer assigned a
     partition it cannot see yet does not fetch it for a while, so wait until all have leaders."""
     deadline = time.monotonic() + timeout
     while True:
         topics = admin.list_topics(timeout=timeout).topics
-        if all(n in topics and topics[n].error is None and len(topics[n].partitions) == partitions
+        if all(n in topics and topics[n].error is None
+               and (partitions is None or len(topics[n].partitions) == partitions)
                and all(p.leader >= 0 for p in topics[n].partitions.values()) for n in names):
             return
         if time.monotonic() > deadline:
