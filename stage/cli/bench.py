@@ -79,6 +79,10 @@ def add_parsers(commands) -> None:
     memory.add_argument("--routes", choices=("off", "direct", "deferred"), default="deferred",
                         help="the stage's router replay")
     memory.add_argument("--cap-mib", type=at_least(1), default=512, help="max_buffered_bytes in MiB")
+    memory.add_argument("--max-record-bytes", type=at_least(1),
+                        help="the stage's max_record_bytes (default: the stage's default, 8000000); the "
+                             "profiles' inputs carry their routes inline: raise it if a staged call is "
+                             "larger (the run says so)")
     memory.add_argument("--open", choices=("all", "streaming"), default="all",
                         help="all: every staged call before any receipt (all groups open at once); "
                              "streaming: one group after the other")
@@ -122,7 +126,8 @@ def main(args) -> int:
         from stage.bench.memory import run as run_memory
         return run_memory(bootstrap=args.bootstrap_servers, profile=args.profile, groups=args.groups,
                           routes=args.routes, cap=args.cap_mib << 20, open_mode=args.open,
-                          group_size=args.group_size, as_json=args.json)
+                          group_size=args.group_size, as_json=args.json,
+                          max_record_bytes=args.max_record_bytes)
     if args.bench == "fetch":
         _torch_threads(args.torch_threads)
         from stage.bench.fetch import run as run_fetch
