@@ -9,8 +9,8 @@ the same input bytes on the same broker, in one run, then latency at half of the
    read_committed consumer.
 Throughput counts input records (and bytes) from partition assignment to the last commit.
 
-``--profile agentic-moe`` feeds groups of that workload profile (N=16, ~64 calls, 32k mean
-tokens; ``--layers 0`` stages them without routes) instead of the default's small groups, and
+``--profile agentic-moe`` (or ``frontier``) feeds groups of that workload profile (N=16, ~64
+calls, 32k mean tokens; ``--layers 0`` stages them without routes) instead of the default's small groups, and
 reports canonical tokens per second next to records per second.
 """
 
@@ -35,7 +35,7 @@ from stage.contract.producer import RolloutBuilder
 from stage.config.model import StageConfig
 from stage.runtime.loop import StageRuntime
 from stage.runtime.kafka.topics import create_topics
-from stage.wire import AvroCodec, TopicNames
+from stage.wire import DEFAULT_MAX_RECORD_BYTES, AvroCodec, TopicNames
 from stage.wire.partitioner import LIBRDKAFKA_PARTITIONER
 
 logger = logging.getLogger(__name__)
@@ -77,7 +77,7 @@ POOL: dict = {}   # finalize_pool / finalize_workers of the stage runs (bench e2
 
 
 def _config(bootstrap: str, topics: TopicNames, routes: str = "off",
-            max_record_bytes: int = 64 << 20) -> StageConfig:
+            max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> StageConfig:
     from stage.finalize import ReassemblyConfig
     finalize = ReassemblyConfig(router_replay=routes != "off", defer_routes=routes == "deferred",
                                 staging_partition=topics.staged_calls)
@@ -110,12 +110,16 @@ def _fill(producer: Producer, topics: TopicNames, inputs) -> int:
     return nbytes
 
 
-def run_passthrough(bootstrap: str, topics: TopicNames, total: int, batch: int = 500) -> float:
+def run_passthrough(bootstrap: str, topics: TopicNames, total: int, batch: int = 500,
+                    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES) -> float:
+    """Copy every input record to the rows topic in transactions: the broker's cost of the
+    stage's reads and writes, with client limits as the stage sizes them for its record cap."""
+    from stage.client.consuming import fetch_limits
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"pt-{uuid.uuid4().hex[:6]}",
                          "auto.offset.reset": "earliest", "enable.auto.commit": False,
-                         "isolation.level": "read_committed", "fetch.max.bytes": 64 << 20})
+                         "isolation.level": "read_committed", **fetch_limits(max_record_bytes)})
     producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"pt-{uuid.uuid4().hex[:6]}",
-                         "linger.ms": 5, "message.max.bytes": 64 << 20})
+                         "linger.ms": 5, "message.max.bytes": max_record_bytes + (1 << 20)})
     producer.init_transactions(60)
     assigned = threading.Event()
     consumer.subscribe([topics.receipts, topics.staged_calls], on_assign=lambda c, p: assigned.set())
@@ -320,7 +324,7 @@ def _run(bootstrap, groups, n, calls, tokens, layers, topk, partitions, latency_
     admin = AdminClient({"bootstrap.servers": bootstrap})
     tag = uuid.uuid4().hex[:6]
     sets = {name: _topics(f"{tag}-{name}") for name in ("passthrough", "stage", "latency")}
-    record_cap = 64 << 20 if profile == "default" else BENCH_MAX_RECORD_BYTES
+    record_cap = DEFAULT_MAX_RECORD_BYTES if profile == "default" else BENCH_MAX_RECORD_BYTES
     for topics in sets.values():
         cfg = _config(bootstrap, topics, routes, record_cap)
         # one local broker: one replica; returns once every partition has a leader
@@ -344,7 +348,7 @@ def _run(bootstrap, groups, n, calls, tokens, layers, topk, partitions, latency_
                          "message.max.bytes": record_cap + (1 << 20), "partitioner": LIBRDKAFKA_PARTITIONER})
     nbytes = _fill(producer, sets["passthrough"], inputs)
     _fill(producer, sets["stage"], inputs)
-    passthrough_s = run_passthrough(bootstrap, sets["passthrough"], records)
+    passthrough_s = run_passthrough(bootstrap, sets["passthrough"], records, max_record_bytes=record_cap)
     stage_s = run_stage(_config(bootstrap, sets["stage"], routes, record_cap), groups)
     stage_groups_s = groups / stage_s
     rate = stage_groups_s / 2

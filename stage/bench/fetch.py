@@ -26,9 +26,9 @@ from stage.bench.inputs import BENCH_MAX_RECORD_BYTES, RECEIPTS, bench_profile, 
 from stage.bench.inputs import profile_groups, profile_line
 from stage.bench.machine import machine_info, machine_line
 from stage.buffer import PartitionBuffer, Position
-from stage.client.consuming import take
+from stage.client.consuming import fetch_limits, take
 from stage.decode import InputLimits, receipt_item, staged_item
-from stage.wire import AvroCodec
+from stage.wire import DEFAULT_MAX_RECORD_BYTES, AvroCodec
 
 
 def _group(profile: str):
@@ -76,11 +76,11 @@ def _plans_and_rows(inputs, where: dict[int, Position]):
     return rows, plans
 
 
-def _raw_consume_seconds(bootstrap: str, topic: str, count: int) -> float:
+def _raw_consume_seconds(bootstrap: str, topic: str, count: int, max_record_bytes: int) -> float:
+    """A plain consumer with the fetcher's fetch limits (stage.client.consuming.fetch_limits)."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"raw-{uuid.uuid4().hex}",
-                         "enable.auto.commit": False, "fetch.max.bytes": 64 << 20,
-                         "max.partition.fetch.bytes": 64 << 20, "fetch.wait.max.ms": 10,
-                         "receive.message.max.bytes": (64 << 20) + (2 << 20)})
+                         "enable.auto.commit": False, "fetch.wait.max.ms": 10,
+                         **fetch_limits(max_record_bytes)})
     try:
         consumer.assign([TopicPartition(topic, 0, 0)])
         started, seen, touched = time.perf_counter(), 0, 0
@@ -121,7 +121,9 @@ def run(*, bootstrap: str | None = None, profile: str = "default", as_json: bool
                 route_payloads += [record[n]["data"] for n in ("routed_experts", "routed_experts_boundary")
                                    if record[n] is not None]
         route_bytes = sum(len(p) for p in route_payloads)
-        raw_s = min(_raw_consume_seconds(bootstrap, topic, len(where)) for _ in range(2))
+        # the record cap both readers get: the default, or what the largest staged call needs
+        cap = max(DEFAULT_MAX_RECORD_BYTES, *(len(v) for role, v in inputs.records if role != RECEIPTS))
+        raw_s = min(_raw_consume_seconds(bootstrap, topic, len(where), cap) for _ in range(2))
         b64_s = P.best_seconds(lambda: [hashlib.sha256(pybase64.b64encode(p)).digest() for p in route_payloads], 2)
         del route_payloads
 
@@ -131,7 +133,7 @@ def run(*, bootstrap: str | None = None, profile: str = "default", as_json: bool
         gc.collect()
         rss_before = P.rss_bytes()
         fetcher = DeferredRouteFetcher(bootstrap, dims=dims, cache_bytes=cache_bytes,
-                                       config={"fetch.wait.max.ms": 10})
+                                       config={"fetch.wait.max.ms": 10}, max_record_bytes=cap)
         try:
             started = time.perf_counter()
             fetcher.attach(group())
@@ -145,7 +147,7 @@ def run(*, bootstrap: str | None = None, profile: str = "default", as_json: bool
             report = {
                 "benchmark": "fetch", "profile": profile, "profile_line": line,
                 "load_before": load_before, "load_after": P.load_average(), "machine": machine_info(),
-                "rows": len(rows), "fragments": fetched, "route_bytes": route_bytes,
+                "rows": len(rows), "fragments": fetched, "route_bytes": route_bytes, "max_record_bytes": cap,
                 "raw_consume_s": raw_s, "base64_sha256_s": b64_s,
                 "cold_s": cold_s, "cold_mb_per_s": route_bytes / cold_s / 1e6,
                 "warm_s": warm_s, "warm_mb_per_s": route_bytes / warm_s / 1e6,

@@ -14,7 +14,8 @@ route payloads released at intake; no-routes), for each group of the profile:
 groups per second (a process gets the wire records and returns the encoded outputs).
 
 Profiles: ``default`` is the fixed group docs/performance.md's figures use (N=8 x 32 calls x 512 tokens,
-routes 48x8 int16, 96 MiB); ``toy`` and ``agentic-moe`` are generated (stage.workload.profiles).
+routes 48x8 int16, 96 MiB); ``toy``, ``agentic-moe`` and ``frontier`` are generated
+(stage.workload.profiles).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from stage.bench.inputs import GroupInputs, bench_profile, fixed_group, profile_
 from stage.bench.machine import machine_info, machine_line
 
 DEFAULT = "default"
-PROFILE_CHOICES = (DEFAULT, "toy", "agentic-moe")
+PROFILE_CHOICES = (DEFAULT, "toy", "agentic-moe", "frontier")
 
 
 def groups_of(profile: str, count: int, *, layers: int | None = None, topk: int = 8, n: int = 8,

@@ -29,6 +29,7 @@ from stage.bench.inputs import BENCH_MAX_RECORD_BYTES, RECEIPTS, bench_profile, 
 from stage.bench.machine import machine_info, machine_line
 from stage.bench.pipeline import load_average
 from stage.runtime.kafka.topics import create_topics
+from stage.wire import DEFAULT_MAX_RECORD_BYTES
 from stage.wire.partitioner import LIBRDKAFKA_PARTITIONER
 
 
@@ -90,21 +91,24 @@ def _summaries(bootstrap: str, topic: str, want: int, timeout_s: float) -> int:
 
 def run(*, bootstrap: str | None = None, profile: str = "agentic-moe", groups: int = 4,
         routes: str = "deferred", cap: int = 512 << 20, open_mode: str = "all",
-        group_size: int | None = None, as_json: bool = False) -> int:
+        group_size: int | None = None, as_json: bool = False, max_record_bytes: int | None = None) -> int:
     from stage.bench.broker import bench_broker
     try:
         with bench_broker(bootstrap, heap="1g") as (servers, _kind):
-            return _run(servers, profile, groups, routes, cap, open_mode, group_size, as_json)
+            return _run(servers, profile, groups, routes, cap, open_mode, group_size, as_json,
+                        max_record_bytes or DEFAULT_MAX_RECORD_BYTES)
     except RuntimeError as error:
         print(f"bench memory: {error}")
         return 1
 
 
-def _run(bootstrap, profile, groups, routes, cap, open_mode, group_size, as_json) -> int:
+def _run(bootstrap, profile, groups, routes, cap, open_mode, group_size, as_json,
+         max_record_bytes=DEFAULT_MAX_RECORD_BYTES) -> int:
     overrides = {} if group_size is None else {"group_size": group_size}
     workload = bench_profile(profile, **overrides)
     topics = _topics(f"mem-{uuid.uuid4().hex[:6]}")
-    cfg = _config(bootstrap, topics, routes=routes).replace(max_buffered_bytes=cap, group_timeout_ms=600_000)
+    cfg = _config(bootstrap, topics, routes=routes, max_record_bytes=max_record_bytes).replace(
+        max_buffered_bytes=cap, group_timeout_ms=600_000)
     if routes == "direct" and workload.routes:
         cfg = cfg.replace(finalize=cfg.finalize.model_copy(update={"route_layers": workload.routes[0],
                                                                   "route_topk": workload.routes[1]}))
@@ -123,6 +127,11 @@ def _run(bootstrap, profile, groups, routes, cap, open_mode, group_size, as_json
         input_bytes, held_receipts = 0, []
         for group in profile_groups(workload, groups):
             key = group.group_id.encode()
+            largest = max(len(value) for _role, value in group.records)
+            if largest > cfg.max_record_bytes:   # the stage would dead-letter it: the group never completes
+                raise RuntimeError(f"group {group.group_id} has a staged call of {largest:,} bytes (routes "
+                                   f"inline), over the stage's max_record_bytes {cfg.max_record_bytes:,}; "
+                                   f"run with --max-record-bytes {largest} or more")
             for role, value in group.records:
                 topic = topics.receipts if role == RECEIPTS else topics.staged_calls
                 if role == RECEIPTS and open_mode == "all":

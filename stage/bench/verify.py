@@ -4,7 +4,7 @@ Builds a long agentic rollout (64 calls, ~33k tokens) and a small one, times the
 and in the same run times plain hashlib SHA-256 over exactly the bytes the verifier must hash
 (every row's call-digest payload, the chain-hash input of every chain call, and the terminal's
 cumulative-hash input). The ratio says how close verification is to its hashing floor.
-``--profile agentic-moe``: the rollouts of one generated group instead (the one nearest the
+``--profile agentic-moe`` (or ``frontier``, the same token plan): the rollouts of one generated group instead (the one nearest the
 profile's mean length, and the longest; routes are not generated: verification never reads them).
 """
 

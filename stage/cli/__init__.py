@@ -10,6 +10,7 @@ from stage.runtime.kafka.topics import (
     DEFAULT_MAX_MESSAGE_BYTES,
     DEFAULT_MIN_INSYNC_REPLICAS,
     DEFAULT_REPLICATION,
+    DEFAULT_ROUTE_RETENTION_MS,
 )
 
 
@@ -66,14 +67,28 @@ def _add_runtime_parsers(commands) -> None:
                         help="replication factor of every topic")
     create.add_argument("--min-insync-replicas", type=at_least(1), default=DEFAULT_MIN_INSYNC_REPLICAS,
                         help="min.insync.replicas of every topic (at most --replication)")
-    create.add_argument("--max-message-bytes", type=at_least(1), default=DEFAULT_MAX_MESSAGE_BYTES,
-                        help="max.message.bytes of the data topics (above the stage's max_record_bytes)")
+    create.add_argument("--max-message-bytes", type=at_least(1),
+                        help=f"max.message.bytes of the data topics, at least the stage's max_record_bytes "
+                             f"+ 64 KiB (default: {DEFAULT_MAX_MESSAGE_BYTES}, managed Kafka's 8 MiB, or "
+                             f"max_record_bytes + 64 KiB when that is more)")
+    create.add_argument("--route-retention-ms", type=_retention, default=DEFAULT_ROUTE_RETENTION_MS,
+                        help="retention.ms of the route topic (cleanup.policy delete): longer than "
+                             "the policy takes to consume a group's route plans, with room for a "
+                             "trainer restarting from an older checkpoint; -1: for ever "
+                             "(default: 604800000, 7 days)")
     check = add_parser(topics_cmd, "check", "check that the topics exist and are co-partitioned; "
                        "warn about replication, min ISR and ledger compaction")
     _add_config_options(check)
     check.add_argument("--require-durable", action="store_true",
                        help="exit 1 when a topic has replication < 3, min.insync.replicas < 2 or a "
                             "ledger that is not compacted (default: warn only)")
+
+
+def _retention(text: str) -> int:
+    value = int(text)
+    if value < 1 and value != -1:
+        raise argparse.ArgumentTypeError(f"must be >= 1 ms, or -1 (for ever), got {value}")
+    return value
 
 
 def _add_broker_parser(commands) -> None:
@@ -188,6 +203,11 @@ def _topics_command(args) -> int:
     cfg, status = _configure(args)
     if cfg is None:
         return status
+    if args.topics_command == "create" and args.max_message_bytes is not None:
+        from stage.runtime.kafka.topics import check_max_message_bytes
+        _, status = _checked(lambda a: check_max_message_bytes(a.max_message_bytes, cfg.max_record_bytes), args)
+        if status is not None:
+            return status
     admin = AdminClient({"bootstrap.servers": cfg.bootstrap_servers, **cfg.kafka})
     differ = False
     try:
@@ -196,7 +216,8 @@ def _topics_command(args) -> int:
                 created = create_topics(admin, cfg, partitions=args.partitions,
                                         replication=args.replication,
                                         min_insync_replicas=args.min_insync_replicas,
-                                        max_message_bytes=args.max_message_bytes)
+                                        max_message_bytes=args.max_message_bytes,
+                                        route_retention_ms=args.route_retention_ms)
             except TopicsDiffer as error:   # the missing ones were created all the same
                 created, differ = error.created, True
                 print(f"topology error: {error}", file=sys.stderr)

@@ -7,10 +7,11 @@ from stage.cli.args import add_parser, at_least, device, positive_float
 
 # stage.bench.finalize.PROFILE_CHOICES (a test keeps them equal): "default" is each benchmark's
 # own fixed case (docs/performance.md's figures), the others are stage.workload's named profiles.
-PROFILES = ("default", "toy", "agentic-moe")
-PROFILE_HELP = ("default: the benchmark's fixed case; toy or agentic-moe: groups of that workload "
-                "profile (agentic-moe: N=16, ~64 calls, 32k mean / 128k max tokens, routes 48x8 "
-                "int8/int16)")
+PROFILES = ("default", "toy", "agentic-moe", "frontier")
+PROFILE_HELP = ("default: the benchmark's fixed case; toy, agentic-moe or frontier: groups of that "
+                "workload profile (agentic-moe: N=16, ~64 calls, 32k mean / 128k max tokens, routes "
+                "48x8 int8/int16; frontier: the same traffic with routes 40x22 int16, Nemotron-3-Super-"
+                "like)")
 
 
 def add_parsers(commands) -> None:
@@ -27,10 +28,11 @@ def add_parsers(commands) -> None:
     e2e.add_argument("--bootstrap-servers", help="default: start a local KRaft broker from the Kafka jars")
     e2e.add_argument("--profile", choices=PROFILES, default="default", help=PROFILE_HELP)
     e2e.add_argument("--groups", type=at_least(1),
-                     help="groups (default: the profile's: default 300 of 4 rollouts, agentic-moe 3)")
+                     help="groups (default: the profile's: default 300 of 4 rollouts, the others 3)")
     e2e.add_argument("--tokens", type=at_least(1), default=128, help="delta tokens per call of the fixed case")
     e2e.add_argument("--layers", type=at_least(0),
-                     help="route layers, 0 = no routes (default: the profile's: default 8, agentic-moe 48)")
+                     help="route layers, 0 = no routes (default: the profile's: default 8, agentic-moe 48, "
+                          "frontier 40)")
     e2e.add_argument("--routes", choices=("off", "direct", "deferred"), default="off",
                      help="the stage's router replay (off: routes, if staged, are not read)")
     e2e.add_argument("--latency-seconds", type=positive_float, default=10.0,
@@ -77,6 +79,10 @@ def add_parsers(commands) -> None:
     memory.add_argument("--routes", choices=("off", "direct", "deferred"), default="deferred",
                         help="the stage's router replay")
     memory.add_argument("--cap-mib", type=at_least(1), default=512, help="max_buffered_bytes in MiB")
+    memory.add_argument("--max-record-bytes", type=at_least(1),
+                        help="the stage's max_record_bytes (default: the stage's default, 8000000); the "
+                             "profiles' inputs carry their routes inline: raise it if a staged call is "
+                             "larger (the run says so)")
     memory.add_argument("--open", choices=("all", "streaming"), default="all",
                         help="all: every staged call before any receipt (all groups open at once); "
                              "streaming: one group after the other")
@@ -120,7 +126,8 @@ def main(args) -> int:
         from stage.bench.memory import run as run_memory
         return run_memory(bootstrap=args.bootstrap_servers, profile=args.profile, groups=args.groups,
                           routes=args.routes, cap=args.cap_mib << 20, open_mode=args.open,
-                          group_size=args.group_size, as_json=args.json)
+                          group_size=args.group_size, as_json=args.json,
+                          max_record_bytes=args.max_record_bytes)
     if args.bench == "fetch":
         _torch_threads(args.torch_threads)
         from stage.bench.fetch import run as run_fetch

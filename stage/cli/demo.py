@@ -23,14 +23,15 @@ from stage.cli.args import add_parser as add_subcommand
 FAULT_NAMES = ("tampered_tokens", "tampered_digest", "poisoned_receipt", "missing_receipt",
                "missing_staged", "late_receipt", "garbage")
 # stage.workload.profiles' names (a test keeps them equal) and what each changes in the demo
-# beyond the workload: agentic-moe rows reach 128k tokens (direct routes would be ~100 MB a row)
-# and a group is ~1,000 staged calls, so it defaults to deferred routes and a longer deadline.
-PROFILE_NAMES = ("toy", "agentic-moe")
-# Its faults at a lower rate: a group of 16 rollouts with one late or lost record waits out
+# beyond the workload: agentic-moe and frontier rows reach 128k tokens (direct routes would be
+# ~100 MB a row, 225 MB at frontier dims) and a group is ~1,000 staged calls, so they default to
+# deferred routes and a longer deadline.
+PROFILE_NAMES = ("toy", "agentic-moe", "frontier")
+# Their faults at a lower rate: a group of 16 rollouts with one late or lost record waits out
 # its 2-minute deadline.
+_LONG = {"routes": "deferred", "group_timeout_ms": 120_000, "fault_rate": 0.005}
 PROFILE_DEMO_DEFAULTS = {"toy": {"routes": "direct", "group_timeout_ms": 3000, "fault_rate": 0.03},
-                         "agentic-moe": {"routes": "deferred", "group_timeout_ms": 120_000,
-                                         "fault_rate": 0.005}}
+                         "agentic-moe": dict(_LONG), "frontier": dict(_LONG)}
 
 
 def add_parser(commands) -> argparse.ArgumentParser:
@@ -43,31 +44,39 @@ def add_parser(commands) -> argparse.ArgumentParser:
                     "1 if one fails, 2 for a bad argument.")
     demo.add_argument("--bootstrap-servers", help="any Kafka (default: start the embedded Tansu broker)")
     demo.add_argument("--profile", choices=PROFILE_NAMES, default="toy",
-                      help="workload sizes: toy (seconds), or agentic-moe (N=16, ~64 calls, 32k mean / "
+                      help="workload sizes: toy (seconds), agentic-moe (N=16, ~64 calls, 32k mean / "
                            "128k max tokens a rollout, routes 48x8 int8/int16: 2 groups, minutes, "
-                           "several GB of memory); the options below override it")
+                           "several GB of memory) or frontier (the same traffic at a frontier MoE's "
+                           "routes, 40x22 int16, Nemotron-3-Super-like: ~0.9 GB of routes a group); "
+                           "the options below override it")
     demo.add_argument("--groups", type=at_least(1), help="prompt groups (default: the profile's, toy 64)")
     demo.add_argument("--group-size", type=at_least(1), help="rollouts per group, N (default: the profile's, toy 4)")
     demo.add_argument("--seed", type=int, default=0, help="workload seed: same seed, same run")
     demo.add_argument("--partitions", type=at_least(1), default=2, help="partitions per topic")
     demo.add_argument("--routes", choices=("direct", "deferred", "off"),
                       help="router replay: routes in the rows (direct), plans + fetch by Kafka "
-                           "coordinates (deferred), or none (off) (default: toy direct, agentic-moe deferred)")
+                           "coordinates (deferred), or none (off) (default: toy direct, agentic-moe and frontier "
+                           "deferred)")
     demo.add_argument("--layers", type=at_least(0),
-                      help="MoE layers L (0: no routes; needs --routes off) (default: toy 4, agentic-moe 48)")
-    demo.add_argument("--experts-per-token", type=at_least(1), help="MoE top-k K (default: toy 2, agentic-moe 8)")
+                      help="MoE layers L (0: no routes; needs --routes off) (default: toy 4, agentic-moe 48, "
+                           "frontier 40)")
+    demo.add_argument("--experts-per-token", type=at_least(1), help="MoE top-k K (default: toy 2, agentic-moe 8, frontier 22)")
     demo.add_argument("--media-rate", type=fraction,
-                      help="share of rollouts whose prompt carries an image (default: toy 0.1, agentic-moe 0)")
+                      help="share of rollouts whose prompt carries an image (default: toy 0.1, the others 0)")
     demo.add_argument("--sampler-topk", type=at_least(0), default=0,
                       help="sampler top-k log-prob columns per generated token (0: none)")
     demo.add_argument("--fault-rate", type=fraction,
                       help="rate of every fault: per rollout for each rollout fault, per group for "
-                           "garbage (default: toy 0.03, agentic-moe 0.005)")
+                           "garbage (default: toy 0.03, the others 0.005)")
     demo.add_argument("--fault", action="append", default=[], metavar="NAME=RATE",
                       help=f"override one fault's rate; NAME in {', '.join(FAULT_NAMES)} "
                            "(default: none, every fault at --fault-rate)")
     demo.add_argument("--group-timeout-ms", type=at_least(1),
-                      help="the stage's group deadline (default: toy 3000, agentic-moe 120000)")
+                      help="the stage's group deadline (default: toy 3000, the others 120000)")
+    demo.add_argument("--max-record-bytes", type=at_least(1),
+                      help="the record cap of the stage, its topics, the producers and the readers "
+                           "(default: the stage's, 8000000, what managed Kafka takes; larger only on a "
+                           "broker whose topics allow it)")
     demo.add_argument("--rate", type=non_negative_float, default=0.0,
                       help="groups per second offered (0: as fast as the producer goes)")
     demo.add_argument("--timeout", type=positive_float, default=300.0,
@@ -115,6 +124,7 @@ def options(args):
         partitions=args.partitions, route_mode=routes,
         group_timeout_ms=args.group_timeout_ms or defaults["group_timeout_ms"], timeout_s=args.timeout,
         rate=args.rate, device=args.device, topic_prefix=args.topic_prefix,
+        **({} if args.max_record_bytes is None else {"max_record_bytes": args.max_record_bytes}),
         progress=not args.no_progress, produce_only=args.produce_only)
 
 

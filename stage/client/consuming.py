@@ -10,7 +10,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException
 
 from stage.client.connection import kafka_logger
-from stage.wire import AvroCodec, value_subject
+from stage.wire import DEFAULT_MAX_RECORD_BYTES, AvroCodec, value_subject
 
 
 def take(consumer: Consumer, max_records: int, timeout: float) -> list:
@@ -26,9 +26,9 @@ def take(consumer: Consumer, max_records: int, timeout: float) -> list:
     return [first, *consumer.consume(max_records - 1, 0)] if max_records > 1 else [first]
 
 
-# The stage's default max_record_bytes (StageConfig.max_record_bytes): a reader must use the
-# stage's value, whatever it is, or it cannot fetch or decode the largest records it publishes.
-DEFAULT_MAX_RECORD_BYTES = 64 << 20
+# A reader's default max_record_bytes is the stage's (StageConfig.max_record_bytes, the one
+# constant stage.wire.DEFAULT_MAX_RECORD_BYTES): a reader must use the stage's value, whatever it
+# is, or it cannot fetch or decode the largest records it publishes.
 
 
 def fetch_limits(max_record_bytes: int) -> dict:

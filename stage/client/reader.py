@@ -78,7 +78,7 @@ class CanonicalReader:
     records below its offsets, so a copy published again later (an at-least-once stage) is
     dropped after a restart too.
 
-    ``max_record_bytes``: the stage's ``max_record_bytes`` (default: the stage's default, 64 MiB).
+    ``max_record_bytes``: the stage's ``max_record_bytes`` (default: the stage's default, 8,000,000).
     Every limit of the reader follows it: the decode cap of each record and librdkafka's fetch
     limits (``config`` can still override single properties). A record the reader cannot decode,
     or a complete group whose rows' tensors cannot be built, stops it: ``UnreadableRecord`` is

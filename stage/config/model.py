@@ -31,6 +31,7 @@ from stage.config.sources import (
 )
 from stage.config.topics import TopicNames
 from stage.config.types import ClientValue, ConfigModel, Int, conflict
+from stage.wire.codec import DEFAULT_MAX_RECORD_BYTES
 
 __all__ = ["AT_LEAST_ONCE", "ENV_PREFIX", "EXACTLY_ONCE", "NOT_SETTINGS", "ConfigError", "StageConfig",
            "load_config"]
@@ -104,11 +105,16 @@ class StageConfig(ConfigModel):
                                                                "`max_buffered_bytes`)")
     resume_fraction: float = Field(
         0.8, gt=0, lt=1, description="paused partitions resume below this share of a cap")
-    max_record_bytes: Int = Field(64 << 20, ge=1, le=MAX_RECORD_BYTES,
-                                  description="larger input records are dead-lettered undecoded; fetch "
-                                              "and producer limits follow it, and a canonical row "
-                                              "larger than it is published in `row_part` records. "
-                                              "Give the trainer's readers the same value "
+    max_record_bytes: Int = Field(DEFAULT_MAX_RECORD_BYTES, ge=1, le=MAX_RECORD_BYTES,
+                                  description="the cap on every record: larger input records are "
+                                              "dead-lettered undecoded, and every record the stage "
+                                              "writes fits it (a canonical row larger than it is "
+                                              "published in `row_part` records); fetch and producer "
+                                              "limits follow it. The default, 8,000,000, fits managed "
+                                              "Kafka (topics of 8 MiB, as `topics create` makes them); "
+                                              "on a broker at Apache Kafka's 1 MiB default use 983040 "
+                                              "(docs/operations.md, Record sizes). Give the trainer's "
+                                              "readers the same value "
                                               "(`CanonicalReader(max_record_bytes=...)`, "
                                               "`DeferredRouteFetcher(max_record_bytes=...)`)")
     publish_batch_groups: Int = Field(64, ge=1, description="groups per transaction at most")

@@ -41,7 +41,7 @@ from stage.routes import RouteDimsCache
 from stage.config.model import StageConfig
 from stage.runtime.loop import StageRuntime
 from stage.runtime.kafka.topics import create_topics
-from stage.wire import AvroCodec, TopicNames
+from stage.wire import DEFAULT_MAX_RECORD_BYTES, AvroCodec, TopicNames
 from stage.workload import (
     MISSING_RECEIPT,
     POISONED_RECEIPT,
@@ -85,6 +85,9 @@ class DemoOptions:
     # Only produce the workload (to the standard topic names, or --topic-prefix) and exit: the
     # input of a stage that runs elsewhere (docker compose's `stage` service).
     produce_only: bool = False
+    # The record cap of the stage, its topics, the producer and the readers (the stage's default:
+    # managed Kafka's; a larger one needs a broker whose topics allow it).
+    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
 
     def __post_init__(self) -> None:
         if self.route_mode not in ROUTE_MODES:
@@ -109,7 +112,8 @@ def stage_config(opts: DemoOptions, bootstrap: str, topics: TopicNames, prefix: 
         transactional_id=f"{prefix}-stage-tx", group_timeout_ms=opts.group_timeout_ms,
         publish_linger_ms=10, poll_timeout_ms=20, finalize_workers=opts.finalize_workers,
         metrics_port=0,    # the demo's stage serves no HTTP (a deployed stage may hold the port)
-        finalize=finalize_config(opts, topics), consumer=dict(client or CLIENT_TIMEOUTS))
+        finalize=finalize_config(opts, topics), consumer=dict(client or CLIENT_TIMEOUTS),
+        max_record_bytes=opts.max_record_bytes)
 
 
 def read_topic(bootstrap: str, topic: str, *, expect: int, timeout: float, config=None) -> list:
@@ -249,7 +253,7 @@ class Demo:
         opts = self.opts
         topics = (TopicNames() if opts.topic_prefix is None else
                   TopicNames(**{k: f"{opts.topic_prefix}.{v}" for k, v in TopicNames().all().items()}))
-        producer = StagingProducer(bootstrap, topics=topics)
+        producer = StagingProducer(bootstrap, topics=topics, max_record_bytes=opts.max_record_bytes)
         started = time.monotonic()
         interval = 1.0 / opts.rate if opts.rate > 0 else 0.0
         next_at = time.monotonic()
@@ -288,7 +292,7 @@ class Demo:
                 fetcher = DeferredRouteFetcher(bootstrap, dims=workload.config.routes,
                                                device=opts.device, config=self.client,
                                                max_record_bytes=cfg.max_record_bytes)
-            producer = StagingProducer(bootstrap, topics=topics)
+            producer = StagingProducer(bootstrap, topics=topics, max_record_bytes=opts.max_record_bytes)
             # librdkafka starts fetching a newly assigned partition only after resolving its
             # start offset (about a second on Tansu): let that pass so latencies are the
             # steady state's, not the stage's start-up.
@@ -434,7 +438,7 @@ class Demo:
         self.fetch_seconds = time.monotonic() - started
 
     def _summaries(self, bootstrap: str, topics) -> dict:
-        codec = AvroCodec("GroupSummary")
+        codec = AvroCodec("GroupSummary", max_record_bytes=self.opts.max_record_bytes)
         out: dict = {}
         for value, _headers in read_topic(bootstrap, topics.finalized_groups,
                                           expect=len(self.workload.groups), timeout=30,

@@ -66,7 +66,8 @@ def row_record(row: CanonicalRow, *, views: bool = False) -> dict:
 ROW_TENSOR_FIELDS = ("input_ids", "generation_logprobs", "token_mask", "prompt_ids_for_adv",
                      "routed_experts", "generation_topk_ids", "generation_topk_logprobs",
                      "pixel_values", "imgs_sizes", "num_frames")
-# Parts of one row at most (64 MiB parts: 256 GiB, far past any rollout a group buffers).
+# Parts of one row at most (parts of the default 8,000,000-byte cap: 32 GB; of 960 KiB, a 1 MiB
+# broker's: 3.8 GiB; far past any rollout a group buffers).
 MAX_ROW_PARTS = 4096
 _VARINT_SLACK = 10   # the most a length or count prefix can grow by
 

@@ -21,6 +21,8 @@ from stage.config.topics import (
 from .codec import (
     DEFAULT_MAX_RECORD_BYTES,
     INPUT_RECORDS,
+    MANAGED_MAX_MESSAGE_BYTES,
+    RECORD_HEADROOM_BYTES,
     SMALL_RECORD_MAX_BYTES,
     AvroCodec,
     default_max_record_bytes,
@@ -37,7 +39,7 @@ __getattr__, __dir__ = lazy_exports(__name__, globals(), {
 
 __all__ = [
     "AvroCodec", "DEFAULT_MAX_RECORD_BYTES", "SMALL_RECORD_MAX_BYTES", "default_max_record_bytes",
-    "INPUT_RECORDS", "record_cap",
+    "INPUT_RECORDS", "MANAGED_MAX_MESSAGE_BYTES", "RECORD_HEADROOM_BYTES", "record_cap",
     "RegistryError", "SchemaNotCached", "WireError",
     "SCHEMAS_DIR_ENV", "schema", "schema_json", "schema_names", "schemas_dir",
     "STORAGE_DTYPES", "pack_tensor", "unpack_tensor", "unpack_torch",

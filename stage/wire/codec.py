@@ -34,16 +34,27 @@ from .writers import writer_encoding
 
 MAGIC = 0  # Confluent wire format v0: magic byte 0x00 + 4-byte big-endian schema id
 HEADER_BYTES = 5
-# Default byte caps. Records with tensors: 64 MiB (a 32k-token call's int16 routes of a
-# 48-layer top-8 model are 25 MB). The others are arrays of small items, which inflate up to
-# ~65x when decoded into Python objects (measured: 900 kB of 3-byte RowRejection items -> 58 MB),
-# so they get 8 MiB (a 10,000-call receipt is ~3.5 MB).
-DEFAULT_MAX_RECORD_BYTES = 64 * 1024 * 1024
-SMALL_RECORD_MAX_BYTES = 8 * 1024 * 1024
+# Default byte caps. One cap for every record the project writes, sized for managed Kafka: a
+# record batch there may be at most 8,388,608 bytes (8 MiB: the largest topic max.message.bytes
+# Confluent Cloud accepts on Basic, Standard and Enterprise clusters, and what `topics create`
+# sets by default). 8,000,000 bytes of value leave 388,608 bytes for everything else in the
+# batch: the key (a group id, at most 4,096 characters: 16 KiB of UTF-8), a dead letter's
+# headers (~4.2 kB) and the batch framing (61 bytes + a few a record); RECORD_HEADROOM_BYTES is
+# the least a topic must allow above the cap. Larger values travel in pieces under the cap:
+# routes in RouteChunk records (DEFAULT_ROUTE_CHUNK_BYTES), canonical rows in row parts.
+# A self-run broker may raise it (max_record_bytes, with the topics' max.message.bytes).
+# Records without tensors are arrays of small items, which inflate up to ~65x when decoded into
+# Python objects (measured: 900 kB of 3-byte RowRejection items -> 58 MB): their default is the
+# same cap, and a receipt keeps it whatever max_record_bytes says (a 10,000-call receipt is
+# ~3.5 MB).
+DEFAULT_MAX_RECORD_BYTES = 8_000_000
+RECORD_HEADROOM_BYTES = 64 << 10
+MANAGED_MAX_MESSAGE_BYTES = 8 << 20
+SMALL_RECORD_MAX_BYTES = DEFAULT_MAX_RECORD_BYTES
 _TENSOR_RECORDS = frozenset(("StagedCall", "CanonicalRow", "PackedTensor", "RouteChunk"))
 # A kind's own cap, whatever max_record_bytes the codec is given (the runtime gives every codec
-# the stage's max_record_bytes, sized for tensor records): a receipt is token-free, and its
-# 8 MiB is what keeps its decoded manifest and per-label metrics bounded.
+# the stage's max_record_bytes, which a self-run broker may raise): a receipt is token-free, and
+# its SMALL_RECORD_MAX_BYTES is what keeps its decoded manifest and per-label metrics bounded.
 _KIND_CAPS = {"ReceiptEvent": SMALL_RECORD_MAX_BYTES}
 # The records producers write: untrusted, so decoded under the budget (stage.wire.bounds).
 # The stage's own outputs are not: a GroupSummary of many short rejections legitimately
@@ -61,7 +72,8 @@ def default_max_record_bytes(schema_name: str) -> int:
 
 def record_cap(schema_name: str, max_record_bytes: int | None = None) -> int:
     """The byte cap a codec of ``schema_name`` applies: ``max_record_bytes`` (default:
-    ``default_max_record_bytes``), never above the kind's own cap (ReceiptEvent: 8 MiB)."""
+    ``default_max_record_bytes``), never above the kind's own cap (ReceiptEvent:
+    SMALL_RECORD_MAX_BYTES)."""
     if max_record_bytes is None:
         max_record_bytes = default_max_record_bytes(schema_name)
     return min(max_record_bytes, _KIND_CAPS.get(schema_name, max_record_bytes))

@@ -23,10 +23,10 @@ from stage.workload.generator import (
     generate,
     generate_group,
 )
-from stage.workload.profiles import AGENTIC_MOE, PROFILE_NAMES, PROFILES, TOY, describe, profile
+from stage.workload.profiles import AGENTIC_MOE, FRONTIER, PROFILE_NAMES, PROFILES, TOY, describe, profile
 
 __all__ = [
-    "AGENTIC_MOE", "PROFILES", "PROFILE_NAMES", "TOY", "describe", "profile",
+    "AGENTIC_MOE", "FRONTIER", "PROFILES", "PROFILE_NAMES", "TOY", "describe", "profile",
     "CallSpec", "DEADLINE_FAULTS", "ExpectedRejection", "FaultRates", "GARBAGE", "Garbage",
     "GroupSpec", "LATE_RECEIPT", "MISSING_RECEIPT", "MISSING_STAGED", "POISONED_RECEIPT",
     "ROLLOUT_FAULTS", "RolloutSpec", "TAMPERED_DIGEST", "TAMPERED_TOKENS", "Workload",

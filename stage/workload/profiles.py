@@ -7,6 +7,11 @@
   to 128k (log-normal), MoE router replay at Qwen3-30B-A3B dims (48 MoE layers x top-8 of 128
   experts), routes staged as int8 by half of the workers and int16 by the other half (384 or 768
   bytes a token: 9-90x the token payload). One group is ~0.5 M tokens and 0.2-0.4 GB of routes.
+* ``frontier``: the same agentic traffic (N=16, ~64 calls, 32k mean / 128k max tokens) at a
+  frontier MoE's router replay, Nemotron-3-Super-like: 40 MoE layers x top-22 of 512 experts,
+  every worker staging int16 (1,760 bytes a token, 2.3x agentic-moe's int16). One group is
+  ~0.5 M tokens and ~0.9 GB of routes; a 128k-token rollout alone carries 225 MB (16 of them:
+  3.4 GiB). A long call's routes are many times the record cap: they travel by reference.
 
 ``profile(name, **overrides)`` returns the WorkloadConfig (overrides: any of its fields).
 """
@@ -19,14 +24,18 @@ from stage.workload.generator import WorkloadConfig
 
 TOY = "toy"
 AGENTIC_MOE = "agentic-moe"
+FRONTIER = "frontier"
+# The agentic traffic both MoE profiles share: only the model's routes differ.
+_AGENTIC = dict(groups=2, group_size=16, turns=(56, 64), prompt_tokens=(1024, 4096),
+                rollout_tokens=(32_768, 131_072), retry_rate=0.08, side_call_rate=0.5,
+                version_bump_rate=0.05, media_rate=0.0)
 
 PROFILES: dict[str, WorkloadConfig] = {
     TOY: WorkloadConfig(groups=64, group_size=4, media_rate=0.1),
-    AGENTIC_MOE: WorkloadConfig(
-        groups=2, group_size=16, turns=(56, 64), prompt_tokens=(1024, 4096),
-        rollout_tokens=(32_768, 131_072), retry_rate=0.08, side_call_rate=0.5,
-        version_bump_rate=0.05, route_layers=48, route_topk=8, num_experts=128,
-        route_dtype=("int8", "int16"), media_rate=0.0, vocab_size=151_936),
+    AGENTIC_MOE: WorkloadConfig(**_AGENTIC, route_layers=48, route_topk=8, num_experts=128,
+                                route_dtype=("int8", "int16"), vocab_size=151_936),
+    FRONTIER: WorkloadConfig(**_AGENTIC, route_layers=40, route_topk=22, num_experts=512,
+                             route_dtype="int16", vocab_size=131_072),
 }
 PROFILE_NAMES = tuple(PROFILES)
 

@@ -74,7 +74,7 @@ def test_broker_serves_kafka_with_the_stage_topics_until_sigterm_and_keeps_its_d
     try:
         assert broker.until("bootstrap: ") == f"bootstrap: 127.0.0.1:{port}"
         created = broker.until("topics: ")
-        assert "7 created, 3 partitions each, replication 1, min.insync.replicas 1" in created
+        assert "8 created, 3 partitions each, replication 1, min.insync.replicas 1" in created
         broker.until("ready: ")
         bootstrap = f"127.0.0.1:{port}"
         metadata = AdminClient({"bootstrap.servers": bootstrap}, logger=QUIET).list_topics(timeout=10)

@@ -1,4 +1,4 @@
-"""A trainer's reader at its default cap (max_record_bytes 64 MiB) meeting a row the stage
+"""A trainer's reader at its default cap (max_record_bytes, stage.wire.DEFAULT_MAX_RECORD_BYTES) meeting a row the stage
 published under a raised cap (issue 29 item 12): librdkafka cannot even receive the fetch
 response ("Invalid response size ... increase receive.message.max.bytes", retried every second
 for ever) and the reader returned nothing, for ever. It must stop at once with UnreadableRecord
@@ -15,9 +15,10 @@ from confluent_kafka.admin import AdminClient
 from stage.client import CanonicalReader, DeferredRouteFetcher
 from stage.client.consuming import UnreadableRecord, fetch_limits
 from stage.runtime.kafka.topics import create_topics
+from stage.wire import DEFAULT_MAX_RECORD_BYTES
 from tests.integration.harness import ONE_BROKER, stage_config, unique_topics
 
-DEFAULT_RECEIVE = fetch_limits(64 << 20)["receive.message.max.bytes"]
+DEFAULT_RECEIVE = fetch_limits(DEFAULT_MAX_RECORD_BYTES)["receive.message.max.bytes"]
 ROW_BYTES = DEFAULT_RECEIVE + (4 << 20)       # one record over what the default reader can receive
 
 

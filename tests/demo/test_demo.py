@@ -125,3 +125,17 @@ def test_produce_only_feeds_the_standard_topic_layout_for_a_stage_running_elsewh
     assert len({r["group_id"] for r in receipts}) == 3
     staged = read_all(tansu.bootstrap, topics.staged_calls, timeout=10)
     assert len(staged) + 6 == report["input_records"]
+
+
+def test_a_scaled_down_frontier_demo_on_the_real_broker(kafka):
+    """The frontier profile's route dims (40x22 int16 of 512 experts) through the whole system,
+    deferred router replay, on short rollouts (the full profile is ~0.9 GB of routes a group)."""
+    from stage.workload import FaultRates, profile
+    workload = profile("frontier", groups=2, group_size=3, rollout_tokens=(600, 1_200),
+                       prompt_tokens=(64, 128), turns=(3, 4), faults=FaultRates())
+    report = run_demo(DemoOptions(workload=workload, profile="frontier", bootstrap_servers=kafka.bootstrap,
+                                  route_mode="deferred", group_timeout_ms=5000, progress=False))
+    failed = [c for c in report["checks"] if not c["passed"]]
+    assert report["ok"] and not failed, failed
+    assert report["rows"]["total"] == 6 and report["rows"]["placeholders"] == 0
+    assert report["deferred_routes"]["failures"] == {} and report["deferred_routes"]["rows"] == 6

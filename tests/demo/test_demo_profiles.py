@@ -40,3 +40,21 @@ def test_explicit_options_override_the_profile():
         (1, 8, (4, 2), "direct", 500)
     assert wl.rollout_tokens == (32_768, 131_072)          # the rest stays the profile's
     assert _options("--profile", "agentic-moe", "--routes", "off").workload.routes is None
+
+
+def test_frontier_profile_sets_its_route_dims_deferred_routes_and_a_longer_deadline():
+    opts = _options("--profile", "frontier")
+    assert opts.route_mode == "deferred" and opts.group_timeout_ms == 120_000
+    assert opts.workload.faults.tampered_tokens == 0.005
+    wl = opts.workload
+    assert (wl.group_size, wl.routes, wl.route_dtypes, wl.num_experts, wl.rollout_tokens) == \
+        (16, (40, 22), ("int16",), 512, (32_768, 131_072))
+
+
+def test_the_record_cap_is_the_stages_unless_asked_and_reaches_every_client():
+    from stage.demo.run import stage_config
+    from stage.wire import DEFAULT_MAX_RECORD_BYTES, TopicNames
+    assert _options().max_record_bytes == DEFAULT_MAX_RECORD_BYTES
+    opts = _options("--profile", "frontier", "--max-record-bytes", str(64 << 20))
+    assert opts.max_record_bytes == 64 << 20
+    assert stage_config(opts, "b:9092", TopicNames(), "p").max_record_bytes == 64 << 20

@@ -18,7 +18,7 @@ from stage.publish.records import STAGING_KEYS_OMITTED
 from stage.routes import RouteDimsCache
 from stage.runtime.loop import build_codecs
 from stage.runtime.task.finalize_task import finalize_and_encode
-from stage.wire import AvroCodec
+from stage.wire import DEFAULT_MAX_RECORD_BYTES, AvroCodec
 from tests.integration.harness import expected_rows, make_group
 
 RECEIPTS, STAGED = AvroCodec("ReceiptEvent"), AvroCodec("StagedCall")
@@ -45,7 +45,7 @@ def taken(spec, staged=None):
     return ready[0][0]
 
 
-def run(group, finalize=ReassemblyConfig(), *, codecs=None, max_record_bytes=64 << 20):
+def run(group, finalize=ReassemblyConfig(), *, codecs=None, max_record_bytes=DEFAULT_MAX_RECORD_BYTES):
     cfg = StageConfig(max_record_bytes=max_record_bytes, finalize=finalize)
     return finalize_and_encode(group, COMPLETE, 0, config=cfg.finalize, dims_cache=RouteDimsCache(),
                                codecs=codecs or build_codecs(cfg), topics=cfg.topics,
@@ -133,21 +133,56 @@ def test_a_row_over_max_record_bytes_is_published_in_parts_and_reassembles_exact
 
 
 def test_a_128k_token_agentic_rollout_with_48x8_routes_is_published_in_parts_at_the_default_cap():
-    """Real size, default max_record_bytes (64 MiB): 64 calls, ~129k tokens, Qwen3-30B-A3B
-    router replay (48 layers x top-8, int16 in the row: ~99 MB of routes, over the cap)."""
+    """Real size, default max_record_bytes (8,000,000, managed Kafka's): 64 calls, ~129k tokens,
+    Qwen3-30B-A3B router replay (48 layers x top-8, int16 in the row: ~99 MB of routes, 13 parts)."""
     config = ReassemblyConfig(router_replay=True, route_layers=48, route_topk=8)
     spec = make_group("agentic", 1, calls=64, seed=6, routes=(48, 8), prompt=(2048, 1024),
                       generated=1000)
     out = run(taken(spec), config)
     assert out.error is None
     blobs = published(out, "canonical-rows")
-    assert len(blobs) >= 2 and all(len(blob) <= 64 << 20 for blob in blobs)
+    assert len(blobs) >= 13 and all(len(blob) <= DEFAULT_MAX_RECORD_BYTES for blob in blobs)
     group = rows_of(out)
     (row,), (want,) = group.rows, library_rows(spec, config)
     assert group.valid_rows == 1 and row.input_lengths == want.input_lengths > 128_000
     assert row.routed_experts.shape == (want.input_lengths, 48, 8)
     for name in ("input_ids", "generation_logprobs", "token_mask", "routed_experts"):
         assert torch.equal(getattr(row, name), getattr(want, name)), name
+
+
+@pytest.mark.parametrize("deferred", [False, True], ids=["direct", "deferred"])
+def test_every_output_of_a_frontier_group_fits_the_default_cap(deferred):
+    """Issue 26 item 4: at frontier route dims (40 layers x top-22, int16: 1,760 B a token) a
+    ~21k-token rollout is ~38 MB of routes; every record the stage writes for its group (rows
+    or row parts, plans, the summary, the ledger entry) is at most the default cap."""
+    config = ReassemblyConfig(router_replay=True, defer_routes=deferred, route_layers=40, route_topk=22)
+    spec = make_group("frontier", 2, calls=16, seed=7, routes=(40, 22), prompt=(2048, 1024), generated=256)
+    out = run(taken(spec), config)
+    assert out.error is None and out.outcome == COMPLETE
+    sizes = {topic.rsplit(".", 1)[-1]: [] for topic, _ in out.records}
+    for topic, value in out.records:
+        sizes[topic.rsplit(".", 1)[-1]].append(len(value))
+    assert all(size <= DEFAULT_MAX_RECORD_BYTES for values in sizes.values() for size in values), sizes
+    assert len(out.ledger_value) <= DEFAULT_MAX_RECORD_BYTES
+    assert set(sizes) == {"canonical-rows", "finalized-groups", *(["route-plans"] if deferred else [])}
+    assert len(sizes["canonical-rows"]) == (2 if deferred else 2 * 5)    # direct: 5 parts a row
+    assert rows_of(out).valid_rows == 2
+
+
+@pytest.mark.parametrize("dims", [(48, 8), (40, 22)], ids=["agentic-moe", "frontier"])
+@pytest.mark.parametrize("cap", [DEFAULT_MAX_RECORD_BYTES, 983_040], ids=["managed", "1MiB-broker"])
+def test_a_128k_token_direct_row_in_parts_under_each_documented_cap(cap, dims):
+    """docs/operations.md's figures: a 130,560-token row with direct routes in row parts under
+    the default cap and under the one for a broker at Apache Kafka's 1 MiB default; printed."""
+    config = ReassemblyConfig(router_replay=True, route_layers=dims[0], route_topk=dims[1])
+    spec = make_group("long", 1, calls=64, seed=6, routes=dims, prompt=(2048, 1024), generated=1000)
+    out = run(taken(spec), config, max_record_bytes=cap)
+    blobs = published(out, "canonical-rows")
+    assert out.error is None and all(len(blob) <= cap for blob in blobs)
+    (row,) = rows_of(out).rows
+    assert row.input_lengths == 130_560 and row.routed_experts.shape == (130_560, *dims)
+    print(f"\n{dims[0]}x{dims[1]} int16, max_record_bytes {cap:,}: {len(blobs)} row parts, "
+          f"{sum(map(len, blobs)) / 1e6:.1f} MB")
 
 
 def library_rows(spec, config):

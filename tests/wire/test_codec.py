@@ -12,6 +12,8 @@ from fastavro import parse_schema, schemaless_writer
 from stage.wire import (
     DEAD_LETTER_TOPIC,
     DEFAULT_MAX_RECORD_BYTES,
+    MANAGED_MAX_MESSAGE_BYTES,
+    RECORD_HEADROOM_BYTES,
     SMALL_RECORD_MAX_BYTES,
     STAGED_CALLS_TOPIC,
     TOPIC_RECORDS,
@@ -298,12 +300,31 @@ def test_max_record_bytes_on_both_sides():
 
 
 def test_default_caps_by_record_kind():
-    assert AvroCodec("StagedCall").max_record_bytes == DEFAULT_MAX_RECORD_BYTES == 64 << 20
-    assert AvroCodec("CanonicalRow").max_record_bytes == DEFAULT_MAX_RECORD_BYTES
+    assert AvroCodec("StagedCall").max_record_bytes == DEFAULT_MAX_RECORD_BYTES == 8_000_000
+    for name in ("CanonicalRow", "RouteChunk", "PackedTensor"):
+        assert AvroCodec(name).max_record_bytes == DEFAULT_MAX_RECORD_BYTES
     for name in ("ReceiptEvent", "RoutePlan", "GroupSummary", "LedgerEntry"):
-        assert AvroCodec(name).max_record_bytes == SMALL_RECORD_MAX_BYTES == 8 << 20
+        assert AvroCodec(name).max_record_bytes == SMALL_RECORD_MAX_BYTES == DEFAULT_MAX_RECORD_BYTES
     with pytest.raises(ValueError, match="must be positive"):
         AvroCodec("LedgerEntry", max_record_bytes=0)
+
+
+def test_every_default_cap_fits_a_managed_kafka_topic():
+    """Issue 26 item 4: with the defaults, every record of every kind, with its key, headers and
+    batch framing, fits a topic whose max.message.bytes is 8 MiB (managed Kafka's limit, what
+    `topics create` sets); the stage's config and the trainer's readers default to the same cap."""
+    from stage.client.consuming import DEFAULT_MAX_RECORD_BYTES as reader_default
+    from stage.config.model import StageConfig
+    assert MANAGED_MAX_MESSAGE_BYTES == 8_388_608
+    assert DEFAULT_MAX_RECORD_BYTES + RECORD_HEADROOM_BYTES <= MANAGED_MAX_MESSAGE_BYTES
+    assert StageConfig().max_record_bytes == reader_default == DEFAULT_MAX_RECORD_BYTES
+    for name in filter(None, TOPIC_RECORDS.values()):
+        assert AvroCodec(name).max_record_bytes + RECORD_HEADROOM_BYTES <= MANAGED_MAX_MESSAGE_BYTES, name
+    # the headroom holds the largest key (a group id of 4,096 characters, 4 bytes each in UTF-8)
+    # and a dead letter's headers (an error of at most MAX_ERROR_BYTES and four short ones)
+    from stage.decode.limits import InputLimits
+    from stage.publish.deadletters import MAX_ERROR_BYTES
+    assert 4 * InputLimits().max_id_chars + MAX_ERROR_BYTES + 1024 < RECORD_HEADROOM_BYTES
 
 
 def test_trailing_bytes_and_non_bytes():

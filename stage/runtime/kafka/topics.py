@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
+from stage.wire.codec import MANAGED_MAX_MESSAGE_BYTES, RECORD_HEADROOM_BYTES
+
 if TYPE_CHECKING:   # the CLI reads this module's defaults while building its parser: keep it light
     from stage.config.model import StageConfig
 
@@ -54,7 +56,16 @@ def check_copartitioning(admin: AdminClient, cfg: StageConfig) -> int:
 # broker down. A single development broker needs --replication 1 --min-insync-replicas 1.
 DEFAULT_REPLICATION = 3
 DEFAULT_MIN_INSYNC_REPLICAS = 2
-DEFAULT_MAX_MESSAGE_BYTES = 64 << 20
+# Every topic's max.message.bytes (a record batch at most): 8 MiB, the most managed Kafka allows
+# (Confluent Cloud Basic/Standard/Enterprise), holding a record of the default max_record_bytes
+# with RECORD_HEADROOM_BYTES to spare; a larger max_record_bytes raises it (max_message_bytes_for).
+DEFAULT_MAX_MESSAGE_BYTES = MANAGED_MAX_MESSAGE_BYTES
+# The route topic (RouteChunk records) deletes by time: its chunks must outlive the policy's
+# consumption of every plan naming them (deferred: the trainer fetches them when it trains on
+# the group; direct: the stage reads them before the group is published), with room for a
+# trainer restarting from an older checkpoint. 7 days, Kafka's default retention, set
+# explicitly so that a cluster default cannot shorten it (docs/operations.md, Route topic).
+DEFAULT_ROUTE_RETENTION_MS = 7 * 24 * 3600 * 1000
 ONE_BROKER_FLAGS = "--replication 1 --min-insync-replicas 1"
 
 
@@ -67,12 +78,32 @@ def _too_few_brokers(replication: int, brokers: int) -> TopologyError:
         f"more than one broker)")
 
 
+def max_message_bytes_for(max_record_bytes: int) -> int:
+    """The topics' max.message.bytes for records up to ``max_record_bytes``: 8 MiB (managed
+    Kafka's limit) unless the records need more (a self-run broker with a raised cap)."""
+    return max(DEFAULT_MAX_MESSAGE_BYTES, max_record_bytes + RECORD_HEADROOM_BYTES)
+
+
+def check_max_message_bytes(max_message_bytes: int, max_record_bytes: int) -> None:
+    """ValueError unless topics of ``max_message_bytes`` take every record up to the stage's
+    ``max_record_bytes`` with its key, headers and batch framing."""
+    if max_message_bytes < max_record_bytes + RECORD_HEADROOM_BYTES:
+        raise ValueError(
+            f"max.message.bytes {max_message_bytes} is below max_record_bytes {max_record_bytes} + "
+            f"{RECORD_HEADROOM_BYTES} (key, headers and batch framing): the topics would refuse the "
+            f"largest records the stage and its producers write; lower max_record_bytes to "
+            f"{max_message_bytes - RECORD_HEADROOM_BYTES} or less, or ask for larger topics")
+
+
 def topic_specs(cfg: StageConfig, partitions: int, replication: int, max_message_bytes: int,
-                min_insync_replicas: int) -> list[NewTopic]:
+                min_insync_replicas: int,
+                route_retention_ms: int = DEFAULT_ROUTE_RETENTION_MS) -> list[NewTopic]:
     common = {"min.insync.replicas": str(min_insync_replicas)}
     big = {**common, "max.message.bytes": str(max_message_bytes)}
-    specs = [NewTopic(getattr(cfg.topics, role), partitions, replication,
-                      config=({**common, "cleanup.policy": "compact"} if role == "stage_ledger" else dict(big)))
+    configs = {"stage_ledger": {**common, "cleanup.policy": "compact"},
+               # keyed by group id like every topic: compaction would keep one chunk a group
+               "staged_routes": {**big, "cleanup.policy": "delete", "retention.ms": str(route_retention_ms)}}
+    specs = [NewTopic(getattr(cfg.topics, role), partitions, replication, config=dict(configs.get(role, big)))
              for role in COPARTITIONED]
     specs.append(NewTopic(cfg.topics.dead_letter, partitions, replication, config=dict(big)))
     return specs
@@ -81,15 +112,26 @@ def topic_specs(cfg: StageConfig, partitions: int, replication: int, max_message
 def create_topics(admin: AdminClient, cfg: StageConfig, *, partitions: int,
                   replication: int = DEFAULT_REPLICATION,
                   min_insync_replicas: int = DEFAULT_MIN_INSYNC_REPLICAS,
-                  max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, timeout: float = 30.0) -> list[str]:
+                  max_message_bytes: int | None = None,
+                  route_retention_ms: int = DEFAULT_ROUTE_RETENTION_MS, timeout: float = 30.0) -> list[str]:
     """Create whatever is missing; returns the names created. Topics that exist already must be
-    what would be created (partitions, replication factor, the configs set here): otherwise
+    what would be created (partitions, replication factor, the configs set here; a larger
+    max.message.bytes than asked is fine): otherwise
     TopicsDiffer names every difference, after creating the missing ones, unless an existing
-    topic has another partition count (new ones would not be co-partitioned with it)."""
+    topic has another partition count (new ones would not be co-partitioned with it).
+    ``max_message_bytes``: every topic's but the ledger's (default: ``max_message_bytes_for``
+    the config's max_record_bytes; ValueError below what that cap needs). ``route_retention_ms``:
+    the route topic's retention.ms (-1: keep for ever); it deletes, never compacts."""
     if partitions < 1 or not 1 <= min_insync_replicas <= replication:
         raise ValueError(f"need partitions >= 1 and 1 <= min_insync_replicas <= replication, got "
                          f"{partitions}, {min_insync_replicas}, {replication}")
-    specs = topic_specs(cfg, partitions, replication, max_message_bytes, min_insync_replicas)
+    if route_retention_ms < 1 and route_retention_ms != -1:
+        raise ValueError(f"route_retention_ms must be >= 1 (or -1: for ever), got {route_retention_ms}")
+    if max_message_bytes is None:
+        max_message_bytes = max_message_bytes_for(cfg.max_record_bytes)
+    check_max_message_bytes(max_message_bytes, cfg.max_record_bytes)
+    specs = topic_specs(cfg, partitions, replication, max_message_bytes, min_insync_replicas,
+                        route_retention_ms)
     metadata = admin.list_topics(timeout=timeout)
     existing = metadata.topics
     differences = _differences(admin, [s for s in specs if s.topic in existing], existing, timeout)
@@ -98,24 +140,38 @@ def create_topics(admin: AdminClient, cfg: StageConfig, *, partitions: int,
         raise TopicsDiffer([], differences)
     specs = [s for s in specs if s.topic not in existing]
     if specs:
-        _create(admin, specs, partitions, replication, len(metadata.brokers), timeout)
+        raced = _create(admin, specs, partitions, replication, len(metadata.brokers), timeout)
+        if raced:   # created meanwhile by someone else (or not yet in the metadata): compared too
+            _wait_visible(admin, [s.topic for s in raced], None, timeout)
+            shown = admin.list_topics(timeout=timeout).topics
+            differences += _differences(admin, raced, shown, timeout)
+            specs = [s for s in specs if s not in raced]
     if differences:
         raise TopicsDiffer([s.topic for s in specs], differences)
     return [s.topic for s in specs]
 
 
 def _create(admin: AdminClient, specs: list[NewTopic], partitions: int, replication: int,
-            brokers: int, timeout: float) -> None:
+            brokers: int, timeout: float) -> list[NewTopic]:
+    """Create ``specs``; returns those that existed already (TOPIC_ALREADY_EXISTS: created since
+    the metadata was read, e.g. by a concurrent `topics create`, or not in it yet)."""
     if replication > brokers:    # Kafka would refuse each topic: say what to ask for
         raise _too_few_brokers(replication, brokers)
-    for future in admin.create_topics(specs, operation_timeout=timeout).values():
+    raced = []
+    futures = admin.create_topics(specs, operation_timeout=timeout)
+    for spec in specs:
+        future = futures[spec.topic]
         try:
             future.result()
         except KafkaException as error:   # a broker left since the metadata above
             if error.args[0].code() == KafkaError.INVALID_REPLICATION_FACTOR:
                 raise _too_few_brokers(replication, len(admin.list_topics(timeout=timeout).brokers)) from error
+            if error.args[0].code() == KafkaError.TOPIC_ALREADY_EXISTS:
+                raced.append(spec)
+                continue
             raise
-    _wait_visible(admin, [s.topic for s in specs], partitions, timeout)
+    _wait_visible(admin, [s.topic for s in specs if s not in raced], partitions, timeout)
+    return raced
 
 
 class TopicsDiffer(TopologyError):
@@ -145,6 +201,9 @@ def _differences(admin: AdminClient, specs: list[NewTopic], metadata: dict, time
         have = configs[spec.topic]
         for key, want in sorted(spec.config.items()):
             value = have[key].value if key in have else None
+            if key == "max.message.bytes" and value is not None and value.isdigit() \
+                    and int(value) >= int(want):
+                continue    # larger batches than asked hold every record asked for
             if value != want:
                 out.append(f"{spec.topic} has {key}={value}, asked {want}")
     return out
@@ -171,8 +230,10 @@ def _topic_configs(admin: AdminClient, names: list[str], timeout: float) -> dict
 def durability_warnings(admin: AdminClient, cfg: StageConfig, timeout: float = 10.0) -> list[str]:
     """What makes the stage's exactly-once weaker than production needs, one line per topic:
     fewer than DEFAULT_REPLICATION replicas or min.insync.replicas below
-    DEFAULT_MIN_INSYNC_REPLICAS (a committed transaction can be lost with one broker), and a
-    ledger that is not compacted (its entries expire with retention). Right for a single
+    DEFAULT_MIN_INSYNC_REPLICAS (a committed transaction can be lost with one broker), a
+    ledger that is not compacted (its entries expire with retention), a route topic that is
+    (compaction keeps one chunk of each group id), and a topic whose max.message.bytes cannot
+    hold a record of the stage's max_record_bytes. Right for a single
     development broker; a warning, not a refusal."""
     roles = {role: getattr(cfg.topics, role) for role in (*COPARTITIONED, "dead_letter")}
     metadata = admin.list_topics(timeout=timeout).topics
@@ -192,18 +253,29 @@ def durability_warnings(admin: AdminClient, cfg: StageConfig, timeout: float = 1
                 and "compact" not in configs["cleanup.policy"].value:
             weak.append(f"cleanup.policy {configs['cleanup.policy'].value} (ledger entries expire "
                         "with retention; want compact)")
+        least = cfg.max_record_bytes + RECORD_HEADROOM_BYTES
+        if role != "stage_ledger" and "max.message.bytes" in configs \
+                and configs["max.message.bytes"].value.isdigit() and int(configs["max.message.bytes"].value) < least:
+            weak.append(f"max.message.bytes {configs['max.message.bytes'].value} (< max_record_bytes "
+                        f"{cfg.max_record_bytes} + {RECORD_HEADROOM_BYTES}: records at the cap would be "
+                        "refused; lower max_record_bytes or raise the topic's)")
+        if role == "staged_routes" and "cleanup.policy" in configs \
+                and "compact" in configs["cleanup.policy"].value:
+            weak.append(f"cleanup.policy {configs['cleanup.policy'].value} (chunks are keyed by group "
+                        "id: compaction keeps one chunk a group; want delete)")
         if weak:
             out.append(f"{role} ({name}): " + ", ".join(weak))
     return out
 
 
-def _wait_visible(admin: AdminClient, names: list[str], partitions: int, timeout: float) -> None:
+def _wait_visible(admin: AdminClient, names: list[str], partitions: int | None, timeout: float) -> None:
     """Creation returns before every broker's metadata has the topics; a consumer assigned a
     partition it cannot see yet does not fetch it for a while, so wait until all have leaders."""
     deadline = time.monotonic() + timeout
     while True:
         topics = admin.list_topics(timeout=timeout).topics
-        if all(n in topics and topics[n].error is None and len(topics[n].partitions) == partitions
+        if all(n in topics and topics[n].error is None
+               and (partitions is None or len(topics[n].partitions) == partitions)
                and all(p.leader >= 0 for p in topics[n].partitions.values()) for n in names):
             return
         if time.monotonic() > deadline:
