@@ -80,14 +80,17 @@ class DeliveryFailure:
     topic: str
     key: bytes | None
     error: str
+    not_produced: bool = False    # a StagedCall never produced: its route chunks failed
 
 
 class DeliveryError(RuntimeError):
-    """Records the broker did not acknowledge (``.failures``), raised by ``flush()``."""
+    """Records the broker did not acknowledge (``.failures``), raised by ``flush()``. The
+    message shows the staged calls not produced (their route chunks failed) first."""
 
     def __init__(self, failures: list[DeliveryFailure]) -> None:
         self.failures = list(failures)
-        shown = "; ".join(f"{f.topic} key={f.key!r}: {f.error}" for f in self.failures[:3])
+        ordered = sorted(self.failures, key=lambda f: not f.not_produced)
+        shown = "; ".join(f"{f.topic} key={f.key!r}: {f.error}" for f in ordered[:3])
         more = f" (+{len(self.failures) - 3} more)" if len(self.failures) > 3 else ""
         super().__init__(f"{len(self.failures)} record(s) not delivered: {shown}{more}")
 
@@ -245,13 +248,14 @@ class StagingProducer:
             call, why = pending.outcome()
             if call is None:
                 if why is not None:
-                    self._fail(self.topics.staged_calls, pending.group_id, why)
+                    self._fail(self.topics.staged_calls, pending.group_id, why, not_produced=True)
                 self._settle()
                 return
             record = self.codecs["StagedCall"].encode(call)
         except Exception as error:   # a surprise: the call was encoded once already
             self._fail(self.topics.staged_calls, pending.group_id,
-                       f"StagedCall {pending.staging_key} not produced: {type(error).__name__}: {error}")
+                       f"StagedCall {pending.staging_key} not produced: {type(error).__name__}: {error}",
+                       not_produced=True)
             self._settle()
             return
         self._send_deferred(pending, record, block=False)
@@ -287,9 +291,9 @@ class StagingProducer:
                 return
             self._send_deferred(pending, record, block=True)
 
-    def _fail(self, topic: str, group_id: str, error: str) -> None:
+    def _fail(self, topic: str, group_id: str, error: str, *, not_produced: bool = False) -> None:
         with self._lock:
-            self._failures.append(DeliveryFailure(topic, group_id.encode("utf-8"), error))
+            self._failures.append(DeliveryFailure(topic, group_id.encode("utf-8"), error, not_produced))
 
     def _settle(self) -> None:
         with self._lock:

@@ -358,6 +358,7 @@ def test_a_failed_chunk_leaves_no_staged_call_and_flush_names_it():
     assert [f.topic for f in failures] == [topics.staged_routes] * 2 + [topics.staged_calls]
     assert failures[2].error.startswith(f"StagedCall r/c0 not produced: route chunk(s) 0, 1 of 2 to "
                                         f"{topics.staged_routes} not delivered (")
+    assert failures[2].not_produced and not failures[0].not_produced
     assert "StagedCall r/c0 not produced" in str(raised.value) and producer.deferred == 0
 
 
