@@ -7,6 +7,7 @@ flush names it; routes_by_reference=False writes the old inline record."""
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -48,10 +49,12 @@ def test_chunks_are_acknowledged_before_their_call_and_join_back_to_the_routes(k
     deliveries = []
     producer = StagingProducer(kafka.bootstrap, topics=topics, route_chunk_bytes=CHUNK_BYTES,
                                on_delivery=deliveries.append)
-    rng = np.random.default_rng(7)
     rows, routes = {}, {}
-    for group_id in ("rc-a", "rc-b", "rc-c"):
-        got_rows, got_routes = stage_rollout(producer, group_id, rng)
+    # one producer shared by worker threads, as an inference fleet does (callbacks on any thread)
+    with ThreadPoolExecutor(3) as workers:
+        staged = list(workers.map(lambda args: stage_rollout(producer, args[0], np.random.default_rng(args[1])),
+                                  [("rc-a", 7), ("rc-b", 8), ("rc-c", 9)]))
+    for got_rows, got_routes in staged:
         rows.update({r.staging_key: r for r in got_rows})
         routes.update(got_routes)
     producer.flush(60)
