@@ -31,9 +31,10 @@ from stage.wire import AvroCodec, WireError
 # room under the record cap.
 ROUTE_CHUNK_ROOM = 64 << 10
 # The bytes a RouteReference adds to a StagedCall besides its topic name: union branch, partition,
-# dtype, shape (3 longs) and the array framing; and per chunk: offset, length (longs) and digest.
+# dtype, shape (3 longs) and the array framing; and per chunk: offset, length (longs, up to 10
+# bytes each) and the digest (a 2-byte length, 64 characters).
 _REFERENCE_FIXED_BYTES = 64
-_REFERENCE_CHUNK_BYTES = 10 + 10 + 1 + 64
+_REFERENCE_CHUNK_BYTES = 10 + 10 + 2 + 64
 
 
 def route_chunk_size(max_record_bytes: int, route_chunk_bytes: int | None = None) -> int:
