@@ -469,7 +469,7 @@ class RolloutStager:
                 routed_experts_boundary=None, route_dtype: str = "int16",
                 extras: Mapping[str, Any] | None = None, media: StagedMedia | None = None,
                 topk: TopK | None = None, response_id: str | None = None,
-                admitted_at: float | None = None) -> PreparedCall:
+                admitted_at: float | None = None, _route_views: bool = False) -> PreparedCall:
         """``prompt_delta``: tokens this call adds before generating (the whole prompt for a
         root, the new turn for a child); ``routed_experts``: ``[len(prompt_delta) +
         len(generated), L, K]``; ``routed_experts_boundary``: ``[1, L, K]``, the child's prefill
@@ -491,8 +491,9 @@ class RolloutStager:
             admitted_at=admitted_at)
         if call_extras is not None and isinstance(call_extras.get(ROUTED_EXPERTS_FIELD), RouteEnvelope):
             row = staged_row_from_envelopes(staged.snapshot, call_extras, media=media, topk=topk)
-            # the routes as a view of the envelope's (immutable) bytes: copied once, when encoded
-            value = staged_call_value(self.group_id, row, copy_routes=False)
+            # stage(): the routes as a view of the envelope's (immutable) bytes, copied once, into
+            # the record or its chunks; prepare(): bytes, as a value handed out always was
+            value = staged_call_value(self.group_id, row, copy_routes=not _route_views)
         else:   # no routes, or the caller's own extras carry them: the general path
             value = staged_call_from_record(self.group_id, staged.record, media=media, topk=topk)
         return PreparedCall(self.group_id, staged, staged.manifest_row, value)
@@ -501,7 +502,7 @@ class RolloutStager:
         """Prepare and produce one call; returns its manifest row (CallRecord)."""
         if self.producer is None:
             raise RuntimeError("this stager has no producer: use prepare()")
-        prepared = self.prepare(model_call_id, **kwargs)
+        prepared = self.prepare(model_call_id, **kwargs, _route_views=True)
         self.producer.send_staged(self.group_id, prepared.value)
         return prepared.manifest_row
 

@@ -410,3 +410,20 @@ def test_a_call_too_large_without_its_routes_is_refused_before_anything_is_produ
         assert words in str(raised.value)
         producer.flush()
         assert fake.records == [] and producer.deferred == 0
+
+
+def test_stage_chunks_views_of_the_envelopes_bytes_and_copies_them_only_into_the_records(monkeypatch):
+    from stage.client.route_staging import ChunkEncoder
+    seen = []
+    real = ChunkEncoder.encode
+    monkeypatch.setattr(ChunkEncoder, "encode", lambda self, *a: seen.append(a[-1]) or real(self, *a))
+    producer = StagingProducer(producer=FakeProducer(), route_chunk_bytes=1000)
+    stager = RolloutStager(producer, "g", "r")
+    root, _ = routed_calls(stager)
+    stager.stage("c0", **root)
+    producer.flush()
+    raw = stager.builder.calls["c0"].extras[ROUTED_EXPERTS_FIELD].raw      # the digested envelope's bytes
+    assert len(seen) == 2 and all(isinstance(view, memoryview) for view in seen)
+    assert all(np.shares_memory(np.frombuffer(view, np.uint8), np.frombuffer(raw, np.uint8)) for view in seen)
+    # prepare() still hands out bytes, as it always did
+    assert type(RolloutStager(None, "g", "r").prepare("c0", **root).value["routed_experts"]["data"]) is bytes
