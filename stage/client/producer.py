@@ -20,12 +20,19 @@ worker-side staging), so a staged call is byte-compatible with what Gym would st
 record is keyed by group id (co-partitioning). Produce is asynchronous and batched (librdkafka
 ``linger.ms``); delivery errors are collected by the delivery callback and raised by
 ``flush()`` / ``raise_for_errors()`` as ``DeliveryError``, never swallowed.
+
+Routes go by reference (``routes_by_reference=True``, the default): a call's route payload is
+written as ``RouteChunk`` records to ``topics.staged_routes`` and its StagedCall, carrying a
+``routes_ref`` instead of the bytes, is produced from the delivery callback of its last chunk,
+once the broker has acknowledged every chunk (claim-check order; stage.client.route_staging).
+``stage()`` does not wait for that; ``flush()`` does, and names any call left unproduced.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -40,11 +47,18 @@ from stage.client.records import (
     staged_call_value,
     staged_row_from_envelopes,
 )
+from stage.client.route_staging import (
+    ChunkEncoder,
+    PendingCall,
+    RoutePayload,
+    reference_bytes,
+    route_chunk_size,
+)
 from stage.contract import CallRecord, RolloutReceipt, RouteEnvelope, StagedCallRecord
 from stage.contract.producer import RolloutBuilder, StagedCall
 from stage.finalize import StagedMedia, TopK
 from stage.routes import ROUTED_EXPERTS_FIELD
-from stage.wire import AvroCodec, TopicNames, value_subject
+from stage.wire import DEFAULT_MAX_RECORD_BYTES, AvroCodec, TopicNames, WireError, value_subject
 from stage.wire.partitioner import LIBRDKAFKA_PARTITIONER
 
 @dataclass(frozen=True)
@@ -66,14 +80,17 @@ class DeliveryFailure:
     topic: str
     key: bytes | None
     error: str
+    not_produced: bool = False    # a StagedCall never produced: its route chunks failed
 
 
 class DeliveryError(RuntimeError):
-    """Records the broker did not acknowledge (``.failures``), raised by ``flush()``."""
+    """Records the broker did not acknowledge (``.failures``), raised by ``flush()``. The
+    message shows the staged calls not produced (their route chunks failed) first."""
 
     def __init__(self, failures: list[DeliveryFailure]) -> None:
         self.failures = list(failures)
-        shown = "; ".join(f"{f.topic} key={f.key!r}: {f.error}" for f in self.failures[:3])
+        ordered = sorted(self.failures, key=lambda f: not f.not_produced)
+        shown = "; ".join(f"{f.topic} key={f.key!r}: {f.error}" for f in ordered[:3])
         more = f" (+{len(self.failures) - 3} more)" if len(self.failures) > 3 else ""
         super().__init__(f"{len(self.failures)} record(s) not delivered: {shown}{more}")
 
@@ -101,15 +118,25 @@ class StagingProducer:
     this long, and raises ``BrokerUnreachable`` (one line naming the address) when no broker
     answers, instead of records unacknowledged a minute later (None: no such check; a producer
     passed in as ``producer`` is never checked).
+    ``routes_by_reference`` (default True): a staged call's routes go to ``topics.staged_routes``
+    as chunks of ``route_chunk_bytes`` (default: ``DEFAULT_ROUTE_CHUNK_BYTES``, or less where
+    ``max_record_bytes`` needs it; a value that leaves no room for the rest of a RouteChunk
+    under ``max_record_bytes`` is refused here) and the StagedCall names them (``routes_ref``),
+    produced once every chunk is acknowledged. False: the routes ride inside the StagedCall,
+    for stages that predate routes by reference.
     """
 
     def __init__(self, bootstrap_servers: str | None = None, *, topics: TopicNames | None = None,
                  config: Mapping[str, Any] | None = None, producer: Producer | None = None,
                  framing: str = "plain", schema_registry_url: str | None = None,
                  schema_registry_config: Mapping[str, Any] | None = None,
-                 max_record_bytes: int = 64 << 20,
+                 max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES,
                  on_delivery: DeliveryCallback | None = None,
-                 connect_timeout: float | None = DEFAULT_CONNECT_TIMEOUT_S) -> None:
+                 connect_timeout: float | None = DEFAULT_CONNECT_TIMEOUT_S,
+                 routes_by_reference: bool = True, route_chunk_bytes: int | None = None) -> None:
+        self.routes_by_reference = bool(routes_by_reference)
+        self.route_chunk_bytes = route_chunk_size(max_record_bytes, route_chunk_bytes)
+        self.max_record_bytes = max_record_bytes
         self.bootstrap_servers = bootstrap_servers
         self._unchecked = producer is None and connect_timeout is not None
         self._unreachable: BrokerUnreachable | None = None   # once found: every produce raises it
@@ -131,7 +158,9 @@ class StagingProducer:
             name: AvroCodec(name, framing=framing, registry=registry,
                             subject=value_subject(topic), max_record_bytes=max_record_bytes)
             for name, topic in (("StagedCall", self.topics.staged_calls),
-                                ("ReceiptEvent", self.topics.receipts))}
+                                ("ReceiptEvent", self.topics.receipts),
+                                ("RouteChunk", self.topics.staged_routes))}
+        self._chunks = ChunkEncoder(self.codecs["RouteChunk"])
         self.on_delivery = on_delivery
         self._lock = threading.Lock()
         self._contact = threading.Lock()
@@ -139,17 +168,142 @@ class StagingProducer:
         self.produced = 0
         self.delivered = 0
         self.produced_bytes = 0
+        self._deferred = 0     # staged calls whose chunks or own record are not acknowledged yet
+        self._ready: deque = deque()   # (PendingCall, record) the callback could not queue
 
     # -- records of the contract -----------------------------------------------------------
-    def send_staged(self, group_id: str, value: Mapping[str, Any], **kwargs) -> int:
-        """Encode and produce one StagedCall value (``stage.client.records``); returns bytes."""
-        return self.produce(self.topics.staged_calls, group_id,
-                            self.codecs["StagedCall"].encode(value), **kwargs)
+    def send_staged(self, group_id: str, value: Mapping[str, Any], *, headers=None,
+                    on_delivery: DeliveryCallback | None = None) -> int:
+        """Encode and produce one StagedCall value (``stage.client.records``); returns the bytes
+        queued. With ``routes_by_reference`` and inline ``routed_experts`` in ``value``: its
+        route chunks now, the StagedCall (``routes_ref`` set, ``routed_experts`` null) once
+        they are acknowledged; ``on_delivery`` and ``headers`` are the StagedCall's. Anything
+        that cannot be encoded or exceeds ``max_record_bytes`` raises WireError before a
+        record is produced."""
+        routes = value.get("routed_experts")
+        if routes is None or not self.routes_by_reference or value.get("routes_ref") is not None:
+            return self.produce(self.topics.staged_calls, group_id,
+                                self.codecs["StagedCall"].encode(value), headers=headers,
+                                on_delivery=on_delivery)
+        return self._send_by_reference(group_id, value, routes, headers, on_delivery)
 
     def send_receipt(self, group_id: str, value: Mapping[str, Any], **kwargs) -> int:
         """Encode and produce one ReceiptEvent value (``receipt_event``); returns bytes."""
         return self.produce(self.topics.receipts, group_id,
                             self.codecs["ReceiptEvent"].encode(value), **kwargs)
+
+    # -- routes by reference (claim-check) ---------------------------------------------------
+    def _send_by_reference(self, group_id: str, value: Mapping[str, Any], routes, headers,
+                           on_delivery) -> int:
+        payload = RoutePayload.of(routes, value.get("delta_len"))
+        call = {**value, "routed_experts": None, "routes_ref": None}
+        staging_key = call.get("staging_key")
+        pieces = payload.pieces(self.route_chunk_bytes)
+        codec = self.codecs["StagedCall"]
+        try:    # the staged call's own size, checked before anything is produced
+            size = len(codec.encode(call)) - 1 + reference_bytes(self.topics.staged_routes, len(pieces))
+        except WireError as error:
+            if "max_record_bytes" not in str(error):
+                raise
+            size = None
+        if size is None or size > codec.max_record_bytes:
+            raise WireError(
+                f"StagedCall {staging_key} is {'over' if size is None else f'{size} bytes, over'} "
+                f"max_record_bytes={codec.max_record_bytes} even without its routes (they go by reference "
+                f"to {self.topics.staged_routes}): its token columns, media or top-k are too large for "
+                "one record; raise max_record_bytes together with the topic's max.message.bytes, "
+                "or stage the call's tokens in more calls")
+        records, digests = [], []
+        for index, piece in enumerate(pieces):    # every chunk encoded before one is produced
+            record, digest = self._chunks.encode(group_id, staging_key, index, len(pieces), piece)
+            records.append(record)
+            digests.append(digest)
+        pending = PendingCall(group_id, call, payload, [p.nbytes for p in pieces], digests,
+                              self.topics.staged_routes)
+        pending.headers, pending.on_delivery = headers, on_delivery
+        key = group_id.encode("utf-8")
+        with self._lock:
+            self._deferred += 1
+        queued = 0
+        try:
+            self._drain_ready()
+            for index, record in enumerate(records):
+                self._queue(self.topics.staged_routes, key, record, None,
+                            lambda d, index=index: self._chunk_delivered(pending, index, d))
+                queued += 1
+            if self._unchecked:
+                self._first_contact()
+        except BaseException:
+            if pending.abandon(queued):
+                self._settle()
+            raise
+        self.producer.poll(0)
+        return sum(map(len, records))
+
+    def _chunk_delivered(self, pending: PendingCall, index: int, delivery: Delivery) -> None:
+        """A chunk's delivery report (a librdkafka callback: never raises)."""
+        if not pending.report(index, delivery.partition, delivery.offset, delivery.error):
+            return
+        try:
+            call, why = pending.outcome()
+            if call is None:
+                if why is not None:
+                    self._fail(self.topics.staged_calls, pending.group_id, why, not_produced=True)
+                self._settle()
+                return
+            record = self.codecs["StagedCall"].encode(call)
+        except Exception as error:   # a surprise: the call was encoded once already
+            self._fail(self.topics.staged_calls, pending.group_id,
+                       f"StagedCall {pending.staging_key} not produced: {type(error).__name__}: {error}",
+                       not_produced=True)
+            self._settle()
+            return
+        self._send_deferred(pending, record, block=False)
+
+    def _send_deferred(self, pending: PendingCall, record: bytes, *, block: bool) -> None:
+        """Queue a staged call whose chunks are all acknowledged (from a delivery callback:
+        ``block=False``, a full queue leaves it to the next produce, poll or flush)."""
+        def staged_delivered(delivery: Delivery) -> None:
+            if delivery.error is None and delivery.partition != pending.partition:
+                self._fail(delivery.topic, pending.group_id,
+                           f"StagedCall {pending.staging_key} landed in partition {delivery.partition} "
+                           f"of {delivery.topic}, its route chunks in partition {pending.partition} of "
+                           f"{pending.topic}: the topics must have the same partition count")
+            self._settle()
+            if pending.on_delivery is not None:
+                pending.on_delivery(delivery)
+
+        try:
+            if not self._queue(self.topics.staged_calls, pending.group_id.encode("utf-8"), record,
+                               pending.headers, staged_delivered, block=block):
+                self._ready.append((pending, record))
+        except DeliveryError as error:
+            with self._lock:
+                self._failures.extend(error.failures)
+            self._settle()
+
+    def _drain_ready(self) -> None:
+        """Queue the staged calls a delivery callback found no room for."""
+        while True:
+            try:
+                pending, record = self._ready.popleft()
+            except IndexError:
+                return
+            self._send_deferred(pending, record, block=True)
+
+    def _fail(self, topic: str, group_id: str, error: str, *, not_produced: bool = False) -> None:
+        with self._lock:
+            self._failures.append(DeliveryFailure(topic, group_id.encode("utf-8"), error, not_produced))
+
+    def _settle(self) -> None:
+        with self._lock:
+            self._deferred -= 1
+
+    @property
+    def deferred(self) -> int:
+        """Staged calls waiting on their route chunks or on their own acknowledgement."""
+        with self._lock:
+            return self._deferred
 
     # -- raw produce -----------------------------------------------------------------------
     def produce(self, topic: str, key: str | bytes | None, value: bytes, *, headers=None,
@@ -158,7 +312,16 @@ class StagingProducer:
         serves callbacks until there is room). Returns the value's size."""
         if isinstance(key, str):
             key = key.encode("utf-8")
+        self._drain_ready()
+        self._queue(topic, key, value, headers, on_delivery)
+        if self._unchecked:   # after the record is queued: a record too large fails as such first
+            self._first_contact()
+        self.producer.poll(0)
+        return len(value)
 
+    def _queue(self, topic: str, key: bytes | None, value: bytes, headers, on_delivery,
+               *, block: bool = True) -> bool:
+        """Hand one record to librdkafka; False if its queue is full and ``block`` is off."""
         def delivered(err, msg, topic=topic, key=key):
             self._delivered(topic, key, err, msg, on_delivery)
 
@@ -168,16 +331,15 @@ class StagingProducer:
                                       on_delivery=delivered)
                 break
             except BufferError:
+                if not block:
+                    return False
                 self.producer.poll(0.05)
             except KafkaException as error:  # e.g. message too large: fail here, loudly
                 raise DeliveryError([DeliveryFailure(topic, key, str(error))]) from error
         with self._lock:
             self.produced += 1
             self.produced_bytes += len(value)
-        if self._unchecked:   # after the record is queued: a record too large fails as such first
-            self._first_contact()
-        self.producer.poll(0)
-        return len(value)
+        return True
 
     def _first_contact(self) -> None:
         with self._contact:          # one probe at a time: the others then see its outcome
@@ -206,6 +368,7 @@ class StagingProducer:
 
     def poll(self, timeout: float = 0.0) -> int:
         """Serve delivery callbacks; returns how many were served."""
+        self._drain_ready()
         return self.producer.poll(timeout)
 
     @property
@@ -224,13 +387,22 @@ class StagingProducer:
         """Wait until everything queued is acknowledged; DeliveryError on any failure or on
         records still unacknowledged after ``timeout`` seconds."""
         deadline = time.monotonic() + timeout
-        remaining = self.producer.flush(timeout)
-        while remaining and time.monotonic() < deadline:
+        while True:   # a staged call produced by its last chunk's callback is waited for too
+            self._drain_ready()
             remaining = self.producer.flush(max(0.0, deadline - time.monotonic()))
-        if remaining:
-            with self._lock:
+            deferred = self.deferred
+            if (not remaining and not deferred and not self._ready) or time.monotonic() >= deadline:
+                break
+            if not remaining and not self._ready:
+                self.producer.poll(0.01)
+        with self._lock:
+            if remaining:
                 self._failures.append(DeliveryFailure(
                     "*", None, f"{remaining} record(s) still unacknowledged after {timeout}s"))
+            if deferred:
+                self._failures.append(DeliveryFailure(
+                    self.topics.staged_calls, None, f"{deferred} staged call(s) not acknowledged after "
+                    f"{timeout}s (those waiting on their route chunks not produced yet)"))
         self.raise_for_errors()
 
     def close(self, timeout: float = 60.0) -> None:
@@ -274,8 +446,10 @@ class RolloutStager:
 
     ``stage()`` builds the record with Gym's digests, produces it keyed by ``group_id`` and
     returns the call's ``CallRecord`` (the token-free coordinates the rollout owner puts in
-    the receipt). ``prepare()`` does the same without producing (send it with
-    ``producer.send_staged(group_id, prepared.value)``)."""
+    the receipt); with the producer's ``routes_by_reference`` its routes go first, as chunks,
+    and the StagedCall follows from their delivery callback (``flush()`` waits for both).
+    ``prepare()`` does the same without producing: ``prepared.value`` holds the routes inline
+    (send it with ``producer.send_staged(group_id, prepared.value)``, which moves them out)."""
 
     def __init__(self, producer: StagingProducer | None, group_id: str, rollout_id: str) -> None:
         self.producer = producer
@@ -295,7 +469,7 @@ class RolloutStager:
                 routed_experts_boundary=None, route_dtype: str = "int16",
                 extras: Mapping[str, Any] | None = None, media: StagedMedia | None = None,
                 topk: TopK | None = None, response_id: str | None = None,
-                admitted_at: float | None = None) -> PreparedCall:
+                admitted_at: float | None = None, _route_views: bool = False) -> PreparedCall:
         """``prompt_delta``: tokens this call adds before generating (the whole prompt for a
         root, the new turn for a child); ``routed_experts``: ``[len(prompt_delta) +
         len(generated), L, K]``; ``routed_experts_boundary``: ``[1, L, K]``, the child's prefill
@@ -317,7 +491,9 @@ class RolloutStager:
             admitted_at=admitted_at)
         if call_extras is not None and isinstance(call_extras.get(ROUTED_EXPERTS_FIELD), RouteEnvelope):
             row = staged_row_from_envelopes(staged.snapshot, call_extras, media=media, topk=topk)
-            value = staged_call_value(self.group_id, row)
+            # stage(): the routes as a view of the envelope's (immutable) bytes, copied once, into
+            # the record or its chunks; prepare(): bytes, as a value handed out always was
+            value = staged_call_value(self.group_id, row, copy_routes=not _route_views)
         else:   # no routes, or the caller's own extras carry them: the general path
             value = staged_call_from_record(self.group_id, staged.record, media=media, topk=topk)
         return PreparedCall(self.group_id, staged, staged.manifest_row, value)
@@ -326,7 +502,7 @@ class RolloutStager:
         """Prepare and produce one call; returns its manifest row (CallRecord)."""
         if self.producer is None:
             raise RuntimeError("this stager has no producer: use prepare()")
-        prepared = self.prepare(model_call_id, **kwargs)
+        prepared = self.prepare(model_call_id, **kwargs, _route_views=True)
         self.producer.send_staged(self.group_id, prepared.value)
         return prepared.manifest_row
 

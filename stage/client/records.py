@@ -32,7 +32,10 @@ def _token_tensor(ids: np.ndarray) -> dict:
     return pack_tensor(ids.astype(np.uint32) if narrow else ids)
 
 
-def staged_call_value(group_id: str, row: StagedRow) -> dict:
+def staged_call_value(group_id: str, row: StagedRow, *, copy_routes: bool = True) -> dict:
+    """The StagedCall value of ``row``, routes inline. ``copy_routes=False``: the routes' data
+    is a byte view of ``row.routes`` (for routes over immutable bytes, e.g. an envelope's),
+    copied only when the record (or a route chunk) is encoded."""
     s = row.snapshot
     value = {
         "group_id": group_id, "staging_key": row.staging_key,
@@ -46,10 +49,10 @@ def staged_call_value(group_id: str, row: StagedRow) -> dict:
         "generation_log_probs_delta": pack_tensor(np.asarray(s.generation_log_probs_delta, dtype=np.float32)),
         "extras_digest": s.extras_digest, "chain_hash": s.chain_hash,
         "cumulative_hash": s.cumulative_hash, "route_encoding": row.route_encoding,
-        "routed_experts": None if row.routes is None else pack_tensor(row.routes),
+        "routed_experts": None if row.routes is None else pack_tensor(row.routes, copy=copy_routes),
         "routed_experts_boundary": None if row.boundary_routes is None else pack_tensor(row.boundary_routes),
         "extras_metadata_json": row.extras_metadata_json.decode("utf-8"),
-        "media": None, "topk": None,
+        "media": None, "topk": None, "routes_ref": None,
     }
     if row.media is not None:
         media = row.media

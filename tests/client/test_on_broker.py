@@ -70,7 +70,7 @@ def _finalize(group_id, records, receipts, config):
 
 def test_deferred_plans_fetch_fragments_by_coordinates_and_rebuild_the_direct_routes(broker):
     topics = _topics(broker)
-    producer = StagingProducer(broker.bootstrap, topics=topics)
+    producer = StagingProducer(broker.bootstrap, topics=topics, routes_by_reference=False)   # inline fragments
     records, receipts, coords = _stage_group(producer, "fetch")
     assert all(p.partition == coords["fetch-r0/c0"].partition for p in coords.values())  # keyed by group
     deferred = _finalize("fetch", records, receipts, ReassemblyConfig(router_replay=True, defer_routes=True))
@@ -104,7 +104,7 @@ def test_deferred_plans_fetch_fragments_by_coordinates_and_rebuild_the_direct_ro
 
 def test_the_fetcher_verifies_a_fragment_once_and_keeps_its_cache_within_its_byte_budget(kafka):
     topics = _topics(kafka)
-    producer = StagingProducer(kafka.bootstrap, topics=topics)
+    producer = StagingProducer(kafka.bootstrap, topics=topics, routes_by_reference=False)    # inline fragments
     records, receipts, coords = _stage_group(producer, "cache", n=2, turns=3)
     deferred = _finalize("cache", records, receipts, ReassemblyConfig(router_replay=True, defer_routes=True))
     direct = _finalize("cache", records, receipts, ReassemblyConfig(router_replay=True))

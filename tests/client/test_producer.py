@@ -1,6 +1,8 @@
 """The producer SDK: Gym-compatible digests (checked against the contract), route extras and
 boundary indices, receipts and receipt events, delivery errors surfaced, the Gym bridge."""
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -36,6 +38,7 @@ from stage.routes import (
 from stage.wire import AvroCodec, TopicNames
 from tests.client.fakes import FakeProducer
 
+CHUNKS = AvroCodec("RouteChunk")
 L, K = 3, 2
 RNG = np.random.default_rng(11)
 ROOT = dict(prompt_delta=[5, 6, 7], generated=[8, 9], generated_logprobs=[-0.5, -0.25], weight_version=4)
@@ -44,6 +47,18 @@ CHILD = dict(prompt_delta=[10], generated=[11, 12, 13], generated_logprobs=[-1.0
 ROOT_ROUTES = RNG.integers(0, 64, (5, L, K))
 CHILD_ROUTES = RNG.integers(0, 64, (4, L, K))
 BOUNDARY = RNG.integers(0, 64, (1, L, K))
+
+
+def inline(call: dict, records) -> dict:
+    """A StagedCall value staged by reference with its routes put back inline from the route
+    chunks among ``records`` (FakeProducer messages: offset = position), as the stage reads it."""
+    ref = call["routes_ref"]
+    assert call["routed_experts"] is None and ref is not None
+    chunks = [CHUNKS.decode(records[c["offset"]].value()) for c in ref["chunks"]]
+    assert all(records[c["offset"]].topic() == ref["topic"] for c in ref["chunks"])
+    data = b"".join(c["data"] for c in chunks)
+    return {**call, "routes_ref": None,
+            "routed_experts": {"dtype": ref["dtype"], "shape": ref["shape"], "data": data}}
 
 
 def sdk_rollout(producer=None, group_id="grp"):
@@ -190,10 +205,13 @@ def test_gym_bridge_publishes_gyms_json_unchanged_in_meaning():
     bridge.producer.flush()
     assert keys == ["r0/c0", "r0/c1"]
     staged_codec, receipt_codec = AvroCodec("StagedCall"), AvroCodec("ReceiptEvent")
-    for msg, prepared in zip(fake.records[:2], (root, child)):
+    topics = TopicNames()
+    staged = [m for m in fake.records if m.topic() == topics.staged_calls]
+    assert len(staged) == 2 and len(fake.records) == 5      # each call: one route chunk, then the call
+    for msg, prepared in zip(staged, (root, child)):
         want = staged_codec.decode(staged_codec.encode(staged_call_from_record("grp", prepared.record)))
-        assert staged_codec.decode(msg.value()) == want
-    published = receipt_codec.decode(fake.records[2].value())
+        assert inline(staged_codec.decode(msg.value()), fake.records) == want
+    published = receipt_codec.decode(fake.records[-1].value())
     assert RolloutReceipt.from_json(published["receipt"]) == RolloutReceipt.from_json(receipt_json)
     assert event["rollout_id"] == "r0" and published["canonical_sample_id"] == "grp_g0"
     # a record Gym's rules refuse is refused here, before anything is produced
@@ -201,7 +219,7 @@ def test_gym_bridge_publishes_gyms_json_unchanged_in_meaning():
     broken["digest"] = "0" * 64
     with pytest.raises(WireValidationError, match="digest does not match"):
         bridge.publish_staged_record("grp", broken)
-    assert len(fake.records) == 3
+    assert len(fake.records) == 5
     missing = bridge.publish_receipt("grp", None, rollout_id="r9", rollout_index=0, group_size=1,
                                      prompt_idx=4)
     assert missing["receipt"] is None and missing["reward"] == 0.0
@@ -243,3 +261,169 @@ def test_a_fragment_that_is_not_delta_aligned_is_refused_as_before():
     with pytest.raises(ValueError, match="do not fit dtype 'int8'"):
         stager.prepare("c1", prompt_delta=[1, 2], generated=[3], generated_logprobs=[-0.5],
                        weight_version=0, routed_experts=np.full((3, 2, 2), 300), route_dtype="int8")
+
+
+# -- routes by reference (claim-check) ---------------------------------------------------------
+
+T, RL, RK = 40, 6, 4          # 40 x 6 x 4 int16 routes: 1,920 bytes, two chunks of at most 1,000
+
+
+class PlacingProducer(FakeProducer):
+    """FakeProducer whose records land in ``place(topic, nth record of that topic)``, and whose
+    queue is full for the first ``full`` produces to ``full_topic``."""
+
+    def __init__(self, place=lambda topic, n: 0, full_topic=None, full=0, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.place, self.full_topic, self.full, self.counts = place, full_topic, full, {}
+
+    def produce(self, topic, key=None, value=None, headers=None, on_delivery=None):
+        if topic == self.full_topic and self.full:
+            self.full -= 1
+            raise BufferError("Local: Queue full")
+        n = self.counts[topic] = self.counts.get(topic, -1) + 1
+        super().produce(topic, key, value, headers, on_delivery)
+        self.records[-1].partition = lambda p=self.place(topic, n): p
+
+
+def routed_calls(stager, dtype="int16", rng=None):
+    """A root and a child with routes (the child with a boundary): the prepared calls' kwargs."""
+    rng = rng or np.random.default_rng(5)
+    root = dict(prompt_delta=rng.integers(0, 999, 30), generated=rng.integers(0, 999, 10),
+                generated_logprobs=-rng.random(10), weight_version=1, route_dtype=dtype,
+                routed_experts=rng.integers(-1, 100, (T, RL, RK)))
+    child = dict(prompt_delta=rng.integers(0, 999, 25), generated=rng.integers(0, 999, 15),
+                 generated_logprobs=-rng.random(15), weight_version=1, route_dtype=dtype,
+                 routed_experts=rng.integers(-1, 100, (T, RL, RK)),
+                 routed_experts_boundary=rng.integers(0, 100, (1, RL, RK)), extras={"turn": 2})
+    return root, child
+
+
+def test_routes_go_by_reference_chunks_first_then_the_call_that_names_them():
+    import hashlib
+    fake, seen = FakeProducer(), []
+    producer = StagingProducer(producer=fake, on_delivery=seen.append, route_chunk_bytes=1000)
+    stager = RolloutStager(producer, "g1", "g1-r0")
+    root, child = routed_calls(stager)
+    rows = [stager.stage("c0", **root), stager.stage("c1", parent_call_id="c0", **child)]
+    producer.flush()
+    topics, codec = TopicNames(), AvroCodec("StagedCall")
+    assert [m.topic() for m in fake.records] == [topics.staged_routes] * 2 + [topics.staged_calls] \
+        + [topics.staged_routes] * 2 + [topics.staged_calls]
+    assert [d.topic for d in seen] == [m.topic() for m in fake.records]   # each call acknowledged after its chunks
+    assert all(m.key() == b"g1" for m in fake.records) and producer.deferred == 0
+    for at, kwargs, row in ((2, root, rows[0]), (5, child, rows[1])):
+        call = codec.decode(fake.records[at].value())
+        raw = np.asarray(kwargs["routed_experts"]).astype("<i2").tobytes()
+        ref = call["routes_ref"]
+        assert call["routed_experts"] is None and call["route_encoding"] == 1
+        assert (ref["topic"], ref["partition"], ref["dtype"], ref["shape"]) == \
+            (topics.staged_routes, 0, "int16", [T, RL, RK])
+        assert ref["chunks"] == [{"offset": at - 2, "length": 1000, "sha256": hashlib.sha256(raw[:1000]).hexdigest()},
+                                 {"offset": at - 1, "length": 920, "sha256": hashlib.sha256(raw[1000:]).hexdigest()}]
+        chunks = [CHUNKS.decode(fake.records[c["offset"]].value()) for c in ref["chunks"]]
+        assert [(c["group_id"], c["staging_key"], c["index"], c["count"], c["sha256"]) for c in chunks] == \
+            [("g1", row.staging_key, i, 2, r["sha256"]) for i, r in enumerate(ref["chunks"])]
+        assert b"".join(c["data"] for c in chunks) == raw
+        assert call["extras_digest"] == row.extras_digest       # the Gym digest over the whole routes
+    boundary = codec.decode(fake.records[5].value())["routed_experts_boundary"]
+    assert boundary["shape"] == [1, RL, RK] and boundary["data"] == \
+        np.asarray(child["routed_experts_boundary"]).astype("<i2").tobytes()   # the boundary stays inline
+
+    # the same calls staged inline: the same manifest rows, and the same record once the routes are put back
+    old = FakeProducer()
+    old_producer = StagingProducer(producer=old, routes_by_reference=False)
+    old_stager = RolloutStager(old_producer, "g1", "g1-r0")
+    old_rows = [old_stager.stage("c0", **root), old_stager.stage("c1", parent_call_id="c0", **child)]
+    old_producer.flush()
+    assert old_rows == rows
+    assert [m.topic() for m in old.records] == [topics.staged_calls] * 2        # no route chunks at all
+    for new_msg, old_msg in zip((fake.records[2], fake.records[5]), old.records):
+        old_call = codec.decode(old_msg.value())
+        assert old_call["routes_ref"] is None and old_call["routed_experts"]["shape"] == [T, RL, RK]
+        assert codec.encode(inline(codec.decode(new_msg.value()), fake.records)) == old_msg.value()
+    assert verify_and_linearize(stager.receipt(), [
+        staged_row(codec.decode(m.value())).snapshot for m in old.records]).token_ids.size == 80
+
+
+def test_a_failed_chunk_leaves_no_staged_call_and_flush_names_it():
+    fake = FakeProducer(fail_with=KafkaError.MSG_SIZE_TOO_LARGE)
+    producer = StagingProducer(producer=fake, route_chunk_bytes=1000)
+    stager = RolloutStager(producer, "g", "r")
+    stager.stage("c0", **routed_calls(stager)[0])
+    with pytest.raises(DeliveryError) as raised:
+        producer.flush()
+    topics = TopicNames()
+    assert [m.topic() for m in fake.records] == [topics.staged_routes] * 2        # never the StagedCall
+    failures = raised.value.failures
+    assert [f.topic for f in failures] == [topics.staged_routes] * 2 + [topics.staged_calls]
+    assert failures[2].error.startswith(f"StagedCall r/c0 not produced: route chunk(s) 0, 1 of 2 to "
+                                        f"{topics.staged_routes} not delivered (")
+    assert failures[2].not_produced and not failures[0].not_produced
+    assert "StagedCall r/c0 not produced" in str(raised.value) and producer.deferred == 0
+
+
+def test_chunks_split_across_partitions_or_away_from_their_call_are_errors():
+    topics = TopicNames()
+    for place, words in ((lambda topic, n: n % 2, "landed in partitions [0, 1]"),
+                         (lambda topic, n: int(topic == topics.staged_calls), "must have the same partition count")):
+        fake = PlacingProducer(place)
+        producer = StagingProducer(producer=fake, route_chunk_bytes=1000)
+        stager = RolloutStager(producer, "g", "r")
+        stager.stage("c0", **routed_calls(stager)[0])
+        with pytest.raises(DeliveryError, match=re.escape(words)):
+            producer.flush()
+        assert producer.deferred == 0
+
+
+def test_a_full_queue_in_the_last_chunks_callback_defers_the_call_to_the_next_poll_or_flush():
+    topics = TopicNames()
+    fake = PlacingProducer(full_topic=topics.staged_calls, full=1)
+    producer = StagingProducer(producer=fake, route_chunk_bytes=1000)
+    stager = RolloutStager(producer, "g", "r")
+    stager.stage("c0", **routed_calls(stager)[0])
+    assert [m.topic() for m in fake.records] == [topics.staged_routes] * 2 and producer.deferred == 1
+    producer.flush()
+    assert [m.topic() for m in fake.records] == [topics.staged_routes] * 2 + [topics.staged_calls]
+    assert producer.deferred == 0 and producer.delivered == 3
+
+
+def test_route_chunk_size_must_fit_the_record_cap():
+    with pytest.raises(ValueError, match=r"route_chunk_bytes=1048576 does not fit max_record_bytes=1048576"):
+        StagingProducer(producer=FakeProducer(), max_record_bytes=1 << 20, route_chunk_bytes=1 << 20)
+    assert StagingProducer(producer=FakeProducer(), max_record_bytes=1 << 20).route_chunk_bytes == (1 << 20) - (64 << 10)
+    from stage.staging.route_refs import DEFAULT_ROUTE_CHUNK_BYTES
+    assert StagingProducer(producer=FakeProducer()).route_chunk_bytes == DEFAULT_ROUTE_CHUNK_BYTES
+
+
+def test_a_call_too_large_without_its_routes_is_refused_before_anything_is_produced():
+    from stage.wire import WireError
+    rng = np.random.default_rng(2)
+    n = 12_000                     # ~12 bytes a token: ~144 kB of token columns, over a 128 KiB cap
+    kwargs = dict(prompt_delta=rng.integers(0, 999, n - 10), generated=rng.integers(0, 999, 10),
+                  generated_logprobs=-rng.random(10), weight_version=1, routed_experts=np.zeros((n, 2, 2), np.int16))
+    for by_reference, words in ((True, "even without its routes"), (False, "over max_record_bytes=131072")):
+        fake = FakeProducer()
+        producer = StagingProducer(producer=fake, max_record_bytes=128 << 10, routes_by_reference=by_reference)
+        stager = RolloutStager(producer, "g", "r")
+        with pytest.raises(WireError, match="max_record_bytes=131072") as raised:
+            stager.stage("c0", **kwargs)
+        assert words in str(raised.value)
+        producer.flush()
+        assert fake.records == [] and producer.deferred == 0
+
+
+def test_stage_chunks_views_of_the_envelopes_bytes_and_copies_them_only_into_the_records(monkeypatch):
+    from stage.client.route_staging import ChunkEncoder
+    seen = []
+    real = ChunkEncoder.encode
+    monkeypatch.setattr(ChunkEncoder, "encode", lambda self, *a: seen.append(a[-1]) or real(self, *a))
+    producer = StagingProducer(producer=FakeProducer(), route_chunk_bytes=1000)
+    stager = RolloutStager(producer, "g", "r")
+    root, _ = routed_calls(stager)
+    stager.stage("c0", **root)
+    producer.flush()
+    raw = stager.builder.calls["c0"].extras[ROUTED_EXPERTS_FIELD].raw      # the digested envelope's bytes
+    assert len(seen) == 2 and all(isinstance(view, memoryview) for view in seen)
+    assert all(np.shares_memory(np.frombuffer(view, np.uint8), np.frombuffer(raw, np.uint8)) for view in seen)
+    # prepare() still hands out bytes, as it always did
+    assert type(RolloutStager(None, "g", "r").prepare("c0", **root).value["routed_experts"]["data"]) is bytes

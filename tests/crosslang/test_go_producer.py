@@ -1,8 +1,9 @@
 """A producer in another language, written from docs/producers.md and docs/schemas.md only
 (tests/crosslang/goproducer: franz-go, hamba/avro), against a real broker and the stage with
-direct router replay: its groups verify, its rows carry the tokens and routes it meant
-(boundary-repaired positions included), and what it gets wrong on purpose is caught as the doc
-says."""
+direct router replay: it writes routes by reference (route chunks first, then the staged calls
+naming them) and the references check against the chunks where they landed; its groups verify,
+its rows carry the tokens and routes it meant (boundary-repaired positions included), and what
+it gets wrong on purpose is caught as the doc says."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from stage.finalize import ReassemblyConfig
+from stage.staging.route_refs import RouteReference, check_chunk, join_chunks
 from stage.wire import AvroCodec, TopicNames, unpack_tensor
 from stage.wire.partitioner import partition_for
 from tests.integration.harness import RunningStage, read_all, setup_topics, stage_config, unique_topics
@@ -21,13 +23,16 @@ from tests.integration.harness import RunningStage, read_all, setup_topics, stag
 ROOT = Path(__file__).resolve().parents[2]
 VECTORS = ROOT / "tests" / "conformance" / "vectors"
 ROWS, SUMMARY = AvroCodec("CanonicalRow"), AvroCodec("GroupSummary")
+STAGED, CHUNKS = AvroCodec("StagedCall"), AvroCodec("RouteChunk")
 PARTITIONS = 3
+CHUNK_BYTES = 16      # a call's 5-9 tokens of 2x2 int8 routes: two or three chunks
 
 
 def run_go(binary: Path, bootstrap: str, topics: TopicNames, *args: str) -> dict:
     done = subprocess.run(
         [str(binary), "produce", "-brokers", bootstrap, "-staged-topic", topics.staged_calls,
-         "-receipts-topic", topics.receipts, "-partitions", str(PARTITIONS),
+         "-receipts-topic", topics.receipts, "-routes-topic", topics.staged_routes,
+         "-route-chunk-bytes", str(CHUNK_BYTES), "-partitions", str(PARTITIONS),
          "-schemas", str(ROOT / "schemas"), *args],
         capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr
@@ -57,6 +62,33 @@ def tensor(row: dict, name: str) -> np.ndarray:
     return unpack_tensor(row[name], field=name)
 
 
+def check_references(bootstrap: str, topics: TopicNames, report: dict) -> int:
+    """Every staged call the Go producer wrote names its routes by reference, as the stage's
+    own checks read a reference: chunks acknowledged before any staged call, on the call's
+    partition, each matching its digest, joining to the routes the rollout meant. Returns how
+    many chunks were checked."""
+    kinds = [d["kind"] for d in report["deliveries"]]
+    assert kinds == sorted(kinds, key=["chunk", "staged", "receipt"].index)   # claim-check order
+    chunks = {(m.partition(), m.offset()): m for m in read_all(bootstrap, topics.staged_routes)}
+    assert len(chunks) == kinds.count("chunk") > 0
+    checked = 0
+    for message in read_all(bootstrap, topics.staged_calls, expect=kinds.count("staged")):
+        call = STAGED.decode(message.value())
+        assert call["routed_experts"] is None and call["route_encoding"] == 1
+        ref = RouteReference.from_value(call["routes_ref"], max_chunk_bytes=CHUNK_BYTES, delta_len=call["delta_len"])
+        assert (ref.topic, ref.partition) == (topics.staged_routes, message.partition())
+        datas = []
+        for index, chunk_ref in enumerate(ref.chunks):
+            chunk = chunks[(ref.partition, chunk_ref.offset)]
+            assert chunk.key() == message.key()
+            datas.append(check_chunk(ref, index, CHUNKS.decode(chunk.value()), group_id=call["group_id"],
+                                     staging_key=call["staging_key"]))
+            checked += 1
+        assert len(join_chunks(ref, datas)) == ref.payload_bytes
+    assert checked == len(chunks)
+    return checked
+
+
 def test_go_producer_reproduces_the_vectors_and_the_worked_example(go_producer):
     done = subprocess.run(
         [str(go_producer), "check", "-vectors", str(VECTORS / "gym_extended_vectors.json"),
@@ -78,8 +110,9 @@ def test_go_producer_groups_are_verified_and_routes_assembled(kafka, go_producer
                     "-group-size", str(n), "-turns", "3", "-layers", "2", "-topk", "2", "-experts", "64")
     groups = {g["group_id"]: g for g in report["groups"]}
     # franz-go's default partitioner put every record where the contract's partitioner says.
-    assert len(report["deliveries"]) == sum(
-        len(g["rollouts"]) * 4 for g in report["groups"]) and report["misplaced"] == 0
+    kinds = [d["kind"] for d in report["deliveries"]]
+    assert (kinds.count("staged"), kinds.count("receipt")) == (len(groups) * n * 3, len(groups) * n)
+    assert report["misplaced"] == 0 and check_references(kafka.bootstrap, topics, report) >= len(groups) * n * 3 * 2
     assert all(d["partition"] == partition_for(d["key"].encode(), PARTITIONS) for d in report["deliveries"])
     assert len({d["partition"] for d in report["deliveries"]}) > 1   # the groups span partitions
 
@@ -133,10 +166,12 @@ def test_a_wrong_partitioner_and_tampered_payloads_are_caught(kafka, go_producer
                       "-group-size", "3", "-tamper", "boundary")
     token = run_go(go_producer, kafka.bootstrap, topics, "-prefix", "tt", "-groups", "1",
                    "-group-size", "3", "-tamper", "token")
-    wrong = [d for d in crc["deliveries"] if d["partition"] != partition_for(d["key"].encode(), PARTITIONS)]
+    # route chunks are not the stage's input in every mode: count the staged calls' and receipts'
+    wrong = [d for d in crc["deliveries"]
+             if d["kind"] != "chunk" and d["partition"] != partition_for(d["key"].encode(), PARTITIONS)]
     wrong_groups = {d["key"] for d in wrong}
     assert all(d["partition"] == zlib.crc32(d["key"].encode()) % PARTITIONS for d in crc["deliveries"])
-    assert crc["misplaced"] == len(wrong) and wrong_groups and len(wrong_groups) < 6, \
+    assert crc["misplaced"] >= len(wrong) and wrong_groups and len(wrong_groups) < 6, \
         "crc32 and murmur2 agree on all or none of these group ids: pick others"
     expected_groups = ({g["group_id"] for g in crc["groups"]} - wrong_groups) | {"tb0", "tt0"}
 
@@ -146,7 +181,8 @@ def test_a_wrong_partitioner_and_tampered_payloads_are_caught(kafka, go_producer
                    and stats.total("dead_letters") >= len(wrong), 90, "publication and dead letters")
         assert stats.count("dead_letters", topic=topics.receipts, reason="misrouted") \
             + stats.count("dead_letters", topic=topics.staged_calls, reason="misrouted") == len(wrong)
-    letters = read_all(kafka.bootstrap, topics.dead_letter, expect=len(wrong))
+    letters = [letter for letter in read_all(kafka.bootstrap, topics.dead_letter)
+               if dict(letter.headers())["source-topic"].decode() != topics.staged_routes]
     assert len(letters) == len(wrong)
     for letter in letters:
         headers = dict(letter.headers())

@@ -111,7 +111,8 @@ def test_outputs_read_by_confluents_deserializer_equal_the_library(kafka, apicur
 def test_the_inputs_carry_the_ids_the_sdk_registered(kafka, apicurio, published):
     _, topics, groups, producer, _ = published
     client = _client(apicurio)
-    for topic, name in ((topics.staged_calls, "StagedCall"), (topics.receipts, "ReceiptEvent")):
+    for topic, name in ((topics.staged_calls, "StagedCall"), (topics.receipts, "ReceiptEvent"),
+                        (topics.staged_routes, "RouteChunk")):
         ids = {int.from_bytes(m.value()[1:5], "big") for m in read_all(kafka.bootstrap, topic)}
         assert ids == {producer.codecs[name].schema_id}
         # Apicurio stores Avro's own rendering (nested namespaces dropped, keys reordered): the
@@ -123,8 +124,9 @@ def test_the_inputs_carry_the_ids_the_sdk_registered(kafka, apicurio, published)
 def test_subjects_follow_the_topic_name_strategy_with_backward_compatibility(kafka, apicurio, published):
     _, topics, _, _, _ = published
     client = _client(apicurio)
-    expected = {value_subject(t) for t in (topics.receipts, topics.staged_calls, topics.canonical_rows,
-                                           topics.route_plans, topics.finalized_groups, topics.stage_ledger)}
+    expected = {value_subject(t) for t in (topics.receipts, topics.staged_calls, topics.staged_routes,
+                                           topics.canonical_rows, topics.route_plans, topics.finalized_groups,
+                                           topics.stage_ledger)}
     ours = {s for s in client.get_subjects() if s.startswith(topics.receipts.split(".")[0] + ".")}
     assert ours == expected                    # the dead-letter topic holds raw bytes: no subject
     for subject in expected:

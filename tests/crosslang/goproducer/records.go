@@ -1,7 +1,7 @@
 package main
 
-// The Avro values of the two input topics (schemas/StagedCall.avsc, schemas/ReceiptEvent.avsc),
-// written with every field, plain framing (docs/producers.md section 2).
+// The Avro values of the input topics (schemas/StagedCall.avsc, schemas/ReceiptEvent.avsc,
+// schemas/RouteChunk.avsc), written with every field, plain framing (docs/producers.md section 2).
 
 import (
 	"encoding/binary"
@@ -56,6 +56,33 @@ type StagedCall struct {
 	ExtrasMetadataJSON      string          `avro:"extras_metadata_json"`
 	Media                   *StagedMedia    `avro:"media"`
 	TopK                    *GenerationTopK `avro:"topk"`
+	RoutesRef               *RouteReference `avro:"routes_ref"`
+}
+
+// RouteReference: where a call's routed_experts payload was written instead of inline
+// (docs/producers.md section 5, Routes by reference).
+type RouteReference struct {
+	Topic     string          `avro:"topic"`
+	Partition int32           `avro:"partition"`
+	DType     string          `avro:"dtype"`
+	Shape     []int64         `avro:"shape"`
+	Chunks    []RouteChunkRef `avro:"chunks"`
+}
+
+type RouteChunkRef struct {
+	Offset int64  `avro:"offset"`
+	Length int64  `avro:"length"`
+	SHA256 string `avro:"sha256"`
+}
+
+// RouteChunk: one piece of a call's route payload (topic rollouts.staged-routes, key = group_id).
+type RouteChunk struct {
+	GroupID    string `avro:"group_id"`
+	StagingKey string `avro:"staging_key"`
+	Index      int32  `avro:"index"`
+	Count      int32  `avro:"count"`
+	SHA256     string `avro:"sha256"`
+	Data       []byte `avro:"data"`
 }
 
 type GroupLabel struct {
@@ -122,7 +149,7 @@ type ReceiptEvent struct {
 	Receipt               *RolloutReceipt `avro:"receipt"`
 }
 
-type schemas struct{ staged, receipt avro.Schema }
+type schemas struct{ staged, receipt, chunk avro.Schema }
 
 // loadSchemas parses PackedTensor.avsc before StagedCall.avsc, which names it.
 func loadSchemas(dir string) (schemas, error) {
@@ -131,7 +158,8 @@ func loadSchemas(dir string) (schemas, error) {
 	for _, step := range []struct {
 		file string
 		into *avro.Schema
-	}{{"PackedTensor.avsc", nil}, {"StagedCall.avsc", &out.staged}, {"ReceiptEvent.avsc", &out.receipt}} {
+	}{{"PackedTensor.avsc", nil}, {"StagedCall.avsc", &out.staged}, {"ReceiptEvent.avsc", &out.receipt},
+		{"RouteChunk.avsc", &out.chunk}} {
 		raw, err := os.ReadFile(filepath.Join(dir, step.file))
 		if err != nil {
 			return out, err

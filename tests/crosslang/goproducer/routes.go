@@ -4,8 +4,10 @@ package main
 // tensor [T, L, K] and its nrlre1 envelope over the same bytes.
 
 import (
+	"crypto/sha256"
 	"encoding/base64"
 	"encoding/binary"
+	"encoding/hex"
 	"fmt"
 )
 
@@ -59,4 +61,22 @@ func (r routes) tensor(dtype string) *PackedTensor {
 func (r routes) envelope(dtype string) string {
 	t, l, k := r.shape()
 	return fmt.Sprintf("nrlre1:%s:%dx%dx%d:%s", dtype, t, l, k, base64.StdEncoding.EncodeToString(r.bytes(dtype)))
+}
+
+// routeChunk is one piece of a call's route payload, before it is written.
+type routeChunk struct {
+	data   []byte
+	sha256 string // lowercase hex SHA-256 of data
+}
+
+// splitPayload cuts the payload (the PackedTensor's data: little-endian, C order) into pieces
+// of at most size bytes, in order; each names its SHA-256.
+func splitPayload(payload []byte, size int) []routeChunk {
+	var out []routeChunk
+	for at := 0; at < len(payload); at += size {
+		end := min(at+size, len(payload))
+		sum := sha256.Sum256(payload[at:end])
+		out = append(out, routeChunk{data: payload[at:end], sha256: hex.EncodeToString(sum[:])})
+	}
+	return out
 }
