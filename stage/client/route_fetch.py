@@ -94,7 +94,7 @@ class FetchedFragment:
     # staged by reference: the reference the chunks were checked against, and the joined
     # payload the fragment's routes are a view of (hashed chunk by chunk to name a corrupt one)
     reference: RouteReference | None = None
-    payload: bytearray | None = None
+    payload: np.ndarray | None = None     # uint8
 
     @property
     def nbytes(self) -> int:
@@ -140,7 +140,7 @@ class _Joining:
 
     def __init__(self, want: _RefWant) -> None:
         self.want = want
-        self.buffer: bytearray | None = None
+        self.buffer: np.ndarray | None = None   # uint8: the payload, or its only chunk's bytes
         self.missing = len(want.reference.chunks)
         self.starts = want.reference.start
 
@@ -420,10 +420,13 @@ class DeferredRouteFetcher:
                 join.buffer = None
                 fresh[key] = RouteChunkError(ROUTE_FAILURE_CHUNK_MISMATCH, str(error))
                 continue
-            if join.buffer is None:   # its size: the checked reference's, within max_fragment_bytes
-                join.buffer = bytearray(want.reference.payload_bytes)
-            start = join.starts[index]
-            memoryview(join.buffer)[start:start + len(data)] = data
+            if join.missing == 1 and join.buffer is None:   # the only chunk: its bytes, no copy
+                join.buffer = np.frombuffer(data, dtype=np.uint8)
+            else:
+                if join.buffer is None:   # its size: the checked reference's, within max_fragment_bytes
+                    join.buffer = np.empty(want.reference.payload_bytes, dtype=np.uint8)
+                start = join.starts[index]
+                join.buffer[start:start + len(data)] = np.frombuffer(data, dtype=np.uint8)
             join.missing -= 1
             if join.missing == 0:
                 entry = fresh[key] = self._fragment_of(join)
@@ -433,9 +436,10 @@ class DeferredRouteFetcher:
     @staticmethod
     def _fragment_of(join: _Joining) -> FetchedFragment:
         want, ref = join.want, join.want.reference
-        array = np.frombuffer(join.buffer, dtype=_ROUTE_NUMPY[ref.dtype]).reshape(ref.shape)
-        fragment = RouteFragment(routes=torch.from_numpy(array), encoding=want.encoding,
-                                 extras_metadata_json=want.metadata, boundary_routes=want.boundary)
+        array = join.buffer.view(_ROUTE_NUMPY[ref.dtype]).reshape(ref.shape)
+        fragment = RouteFragment(routes=readonly_tensor(array) if not array.flags.writeable else torch.from_numpy(array),
+                                 encoding=want.encoding, extras_metadata_json=want.metadata,
+                                 boundary_routes=want.boundary)
         return FetchedFragment(want.staging_key, fragment, reference=ref, payload=join.buffer)
 
     @staticmethod
