@@ -10,8 +10,8 @@ that passed its integrity check against a digest is never checked against that d
 Routes staged by reference (a plan span with ``chunks``, stage.staging.route_refs): the fetcher
 reads exactly the RouteChunk records the reference names on the route topic (never the staged
 calls), checks each against the reference (identity, index, length, declared SHA-256), copies
-it into the call's one payload buffer (sized by the checked reference, allocated once) and
-builds the fragment from it; the extras digest over the joined payload is the integrity check,
+it into the call's one payload buffer (sized by the checked reference, allocated once; a call
+of one chunk uses that chunk's bytes as they are) and builds the fragment from it; the extras digest over the joined payload is the integrity check,
 run once per fragment. The stage never read these bytes (deferred mode): this is where they are
 verified. A failure is one reason a row in ``failures``: chunk_missing, chunk_mismatch,
 chunk_corrupt (the extras digest failed and a chunk's SHA-256 names the wrong one),
@@ -129,7 +129,8 @@ class _RefWant:
 def ref_key(span: Mapping[str, Any]) -> tuple:
     """The cache key of a by-reference span's fragment: where its chunks are."""
     ref = span["chunks"]["reference"]
-    return ("chunks", ref["topic"], ref["partition"], tuple(c["offset"] for c in ref["chunks"]))
+    return ("chunks", ref["topic"], ref["partition"], ref["dtype"], tuple(ref["shape"]),
+            tuple(c["offset"] for c in ref["chunks"]))
 
 
 class _Joining:
