@@ -105,6 +105,44 @@ class FetchedFragment:
         return f.routes.nbytes + side + len(f.extras_metadata_json) + _ENTRY_OVERHEAD
 
 
+def _long(view, at: int) -> tuple[int, int]:
+    """One Avro long (zigzag varint) at ``at``: (value, next position); IndexError past the end."""
+    shift = result = 0
+    while True:
+        byte = view[at]
+        at += 1
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return (result >> 1) ^ -(result & 1), at
+        shift += 7
+        if shift > 63:
+            raise ValueError("varint longer than 10 bytes")
+
+
+def plain_route_chunk(value) -> dict | None:
+    """A plain-framed RouteChunk record whose ``data`` is a view of ``value`` (no copy of the
+    payload), or None when the bytes are not exactly one such record (the codec then decodes
+    them and says why). Field order and types are the schema's (schemas/RouteChunk.avsc)."""
+    view = memoryview(value).cast("B")
+    try:
+        out, at = {}, 0
+        for name in ("group_id", "staging_key", "index", "count", "sha256", "data"):
+            number, at = _long(view, at)
+            if name in ("index", "count"):
+                if not -(1 << 31) <= number < (1 << 31):
+                    return None
+                out[name] = number
+                continue
+            if number < 0 or at + number > len(view):
+                return None
+            field = view[at:at + number]
+            at += number
+            out[name] = field if name == "data" else str(field, "utf-8")
+        return out if at == len(view) else None
+    except (IndexError, ValueError, UnicodeDecodeError):
+        return None
+
+
 class RouteChunkError(Exception):
     """Why a by-reference fragment could not be built: ``reason`` is one of
     stage.routes.ROUTE_CHUNK_FAILURE_REASONS, the text says which chunk and why."""
@@ -401,10 +439,14 @@ class DeferredRouteFetcher:
     def _take_chunk(self, value: bytes, where: str, targets: list, joins: dict, fresh: dict,
                     on_fragment) -> None:
         """One chunk record into the payload of each call that names it."""
-        try:
-            record = self.chunk_codec.decode(value)
-        except (WireError, ValueError, KeyError, TypeError) as error:
-            record, error_text = None, f"not a RouteChunk record at {where}: {error}"
+        record = None
+        if self.chunk_codec.framing == "plain" and len(value) <= self.chunk_codec.max_record_bytes:
+            record = plain_route_chunk(value)   # the payload stays a view of the message's bytes
+        if record is None:
+            try:
+                record = self.chunk_codec.decode(value)
+            except (WireError, ValueError, KeyError, TypeError) as error:
+                record, error_text = None, f"not a RouteChunk record at {where}: {error}"
         for key, index in targets:
             if key in fresh:            # already failed
                 continue
@@ -584,7 +626,9 @@ class DeferredRouteFetcher:
         wants = {}
         for span in by_ref:
             try:
-                wants[ref_key(span)] = self.want_of(plan, span)
+                key = ref_key(span)
+                if fetched is None or key not in fetched:   # fetched: its want was checked then
+                    wants[key] = self.want_of(plan, span)
             except RouteChunkError as error:
                 return str(error), {}
             except (KeyError, TypeError) as error:

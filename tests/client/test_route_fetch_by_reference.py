@@ -117,3 +117,16 @@ def test_a_chunk_of_another_call_or_index_is_a_mismatch_and_a_flipped_byte_is_na
     assert fetcher.corrupt_chunks(entry) == [f"chunk 2 at rollouts.staged-routes[0]@{offset}"]
     failure, _fragments = fetcher._fragments_for(plan, {ref_key(span): entry})
     assert failure.startswith("chunk_corrupt:") and f"@{offset}" in failure
+
+
+def test_the_plain_chunk_reader_agrees_with_the_codec_and_refuses_what_it_refuses():
+    from stage.client.route_fetch import plain_route_chunk
+    _plan, _span_, _inline, chunks = _span()
+    for chunk in chunks + [dict(chunks[0], index=-3, count=2**31 - 1, group_id="é" * 70)]:
+        blob = CHUNKS.encode(chunk)
+        fast = plain_route_chunk(blob)
+        assert {**fast, "data": bytes(fast["data"])} == CHUNKS.decode(blob)
+        assert isinstance(fast["data"], memoryview) and fast["data"].obj is blob   # a view, no copy
+    blob = CHUNKS.encode(chunks[0])
+    for bad in (blob[:-1], blob + b"\0", b"\x01", b"", b"\xff" * 12, blob[:2] + b"\xff\xfe" + blob[4:]):
+        assert plain_route_chunk(bad) is None
