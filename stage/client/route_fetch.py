@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from stage.client.assembly import TrainingGroup, route_plan_from_record
 from stage.client.connection import DEFAULT_CONNECT_TIMEOUT_S, reach
@@ -401,8 +401,14 @@ class DeferredRouteFetcher:
                             for offset in sorted(pending):
                                 fail(offset, ROUTE_FAILURE_CHUNK_MISSING, "beyond the end of the log")
                         elif err.code() == KafkaError._AUTO_OFFSET_RESET:   # outside the log
-                            low, high = self.consumer.get_watermark_offsets(
-                                TopicPartition(topic, partition), timeout=self.timeout)
+                            try:
+                                low, high = self.consumer.get_watermark_offsets(
+                                    TopicPartition(topic, partition),
+                                    timeout=max(0.1, deadline - time.monotonic()))
+                            except KafkaException as error:   # what is left times out below
+                                logger.warning("route chunk fetch %s[%d]: offsets unknown: %s",
+                                               topic, partition, error)
+                                break
                             for offset in sorted(pending):
                                 if offset < low:
                                     fail(offset, ROUTE_FAILURE_CHUNK_MISSING,

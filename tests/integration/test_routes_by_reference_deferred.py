@@ -202,6 +202,16 @@ def test_chunk_faults_fail_their_row_with_the_reason_and_nothing_else(kafka):
             fetcher.routes(groups[group_id].plans[index])
             grown = {k: v - before.get(k, 0) for k, v in fetcher.failures.items() if v != before.get(k, 0)}
             assert grown == ({} if reason is None else {reason: 1}), (group_id, index, grown)
+    # one run over expired and live chunks (the expired group's end where the other's begin):
+    # the deleted ones are missing, the rest is read from the log's new start
+    with DeferredRouteFetcher(kafka.bootstrap, dims=(L, K), config=CLIENT, timeout=5.0) as fetcher:
+        wants = fetcher.wants_of(groups["expired"].plans + groups["faults"].plans[:1])
+        got = fetcher.fetch_chunks(wants)
+        reasons = {w.staging_key: getattr(got[key], "reason", "ok") for key, w in wants.items()}
+        assert {r for k, r in reasons.items() if k.startswith("expired")} == {"chunk_missing"}
+        assert {r for k, r in reasons.items() if k.startswith("faults")} == {"ok"}
+        assert all("deleted or expired" in str(got[key]) for key, w in wants.items()
+                   if w.staging_key.startswith("expired"))
 
 
 def test_a_corrupt_chunk_is_named_in_the_log(kafka, caplog):
