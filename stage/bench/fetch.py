@@ -6,6 +6,13 @@ rebuilds every row's routes (``attach``): cold (fragments fetched by coordinates
 integrity-checked, assembled), then again from its cache (no fetch, no re-verification). Anchors
 measured in the same run: a raw consume of the same records (a plain consumer, values touched,
 nothing decoded) and base64 + SHA-256 of the route bytes (what the integrity check must hash).
+
+``routes="by-reference"``: each call's routes are written as RouteChunk records to a route
+topic first (``DEFAULT_ROUTE_CHUNK_BYTES`` a chunk, all acknowledged before any staged call:
+claim-check order), the staged calls carry the references, and the plans name the chunks; the
+fetcher reads only those chunks. The anchors are then a raw consume of the route topic (the
+same route bytes) and the hashing (SHA-256 of each chunk; base64 + SHA-256 of each call's
+routes, what the extras digest costs).
 """
 
 from __future__ import annotations
@@ -28,7 +35,8 @@ from stage.bench.machine import machine_info, machine_line
 from stage.buffer import PartitionBuffer, Position
 from stage.client.consuming import fetch_limits, take
 from stage.decode import InputLimits, receipt_item, staged_item
-from stage.wire import DEFAULT_MAX_RECORD_BYTES, AvroCodec
+from stage.staging.route_refs import DEFAULT_ROUTE_CHUNK_BYTES, ChunkRef, RouteReference, chunk_sha256, chunk_value, split_payload
+from stage.wire import DEFAULT_MAX_RECORD_BYTES, AvroCodec, TopicNames
 
 
 def _group(profile: str):
@@ -58,19 +66,87 @@ def _stage_records(bootstrap: str, topic: str, inputs) -> dict[int, Position]:
     return where
 
 
-def _plans_and_rows(inputs, where: dict[int, Position]):
-    """The stage's deferred outputs for the group, with the records' real coordinates."""
-    codec_map = P.codecs()
-    buffer = PartitionBuffer(0, receipts_topic="receipts", staged_topic=where[0].topic,
-                             group_timeout_ms=1 << 40, late_retention_ms=1000)
+def _create(bootstrap: str, *topics: str) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    futures = admin.create_topics([NewTopic(t, 1, 1, config={"max.message.bytes": str(BENCH_MAX_RECORD_BYTES)})
+                                   for t in topics])
+    for future in futures.values():
+        future.result(30)
+
+
+def _stage_by_reference(bootstrap: str, topic: str, route_topic: str, inputs,
+                        chunk_bytes: int = DEFAULT_ROUTE_CHUNK_BYTES):
+    """Every call's routes as chunks on ``route_topic`` (all acknowledged first), then the
+    staged calls naming them on ``topic``: (records with the by-reference values, index ->
+    where each staged call landed, the chunks' data)."""
+    _create(bootstrap, topic, route_topic)
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "acks": "all",
+                         "message.max.bytes": BENCH_MAX_RECORD_BYTES})
+    staged_codec = AvroCodec("StagedCall", max_record_bytes=BENCH_MAX_RECORD_BYTES)
+    chunk_codec = AvroCodec("RouteChunk", max_record_bytes=BENCH_MAX_RECORD_BYTES)
+    key = inputs.group_id.encode()
+    decoded, landed, datas = {}, {}, []
     for index, (role, value) in enumerate(inputs.records):
+        if role == RECEIPTS:
+            continue
+        record = decoded[index] = staged_codec.decode(value)
+        if record["routed_experts"] is None:
+            continue
+        pieces = split_payload(record["routed_experts"]["data"], chunk_bytes)
+        landed[index] = [None] * len(pieces)
+        for i, piece in enumerate(pieces):
+            chunk = chunk_value(record["group_id"], record["staging_key"], i, len(pieces), piece)
+            datas.append(chunk["data"])
+            produce(producer, route_topic, key=key, value=chunk_codec.encode(chunk), on_delivery=(
+                lambda at, i: lambda err, msg: at.__setitem__(i, (msg.partition(), msg.offset())))(
+                    landed[index], i))
+            producer.poll(0)
+    producer.flush(120)   # claim-check: every chunk acknowledged before a call names it
+    records, where = [], {}
+    for index, (role, value) in enumerate(inputs.records):
+        if role != RECEIPTS:
+            record = decoded[index]
+            if index in landed:
+                routes = record["routed_experts"]
+                pieces = split_payload(routes["data"], chunk_bytes)
+                ref = RouteReference(route_topic, landed[index][0][0], routes["dtype"], tuple(routes["shape"]),
+                                     tuple(ChunkRef(offset, len(piece), chunk_sha256(piece))
+                                           for (_p, offset), piece in zip(landed[index], pieces)))
+                record["routed_experts"], record["routes_ref"] = None, ref.to_value()
+                value = staged_codec.encode(record)
+            produce(producer, topic, key=key, value=value, on_delivery=(
+                lambda i: lambda err, msg: where.__setitem__(i, Position(msg.topic(), msg.partition(),
+                                                                         msg.offset(), 0)))(index))
+            producer.poll(0)
+        records.append((role, value))
+    producer.flush(120)
+    return records, where, datas
+
+
+def _plans_and_rows(inputs, where: dict[int, Position], records=None, route_topic: str | None = None):
+    """The stage's deferred outputs for the group, with the records' real coordinates
+    (``records``: the group's records as staged, default ``inputs.records``)."""
+    codec_map = P.codecs()
+    buffer = PartitionBuffer(0, receipts_topic="receipts", staged_topic=where[min(where)].topic,
+                             group_timeout_ms=1 << 40, late_retention_ms=1000)
+    for index, (role, value) in enumerate(inputs.records if records is None else records):
         if role == RECEIPTS:
             buffer.add_receipt(receipt_item(codec_map["ReceiptEvent"].decode(value),
                                             Position("receipts", 0, index, 1), len(value)), 1)
         else:
             buffer.add_staged(staged_item(codec_map["StagedCall"].decode(value), where[index], len(value),
                                           InputLimits(), keep_routes=False), 1)
-    out = P.finalize(buffer.groups[inputs.group_id], "deferred", codec_map)
+    if route_topic is None:
+        out = P.finalize(buffer.groups[inputs.group_id], "deferred", codec_map)
+    else:   # the stage's route topic is this run's
+        from stage.routes import RouteDimsCache
+        from stage.runtime.task.finalize_task import finalize_and_encode
+        out = finalize_and_encode(buffer.groups[inputs.group_id], "complete", 0, config=P.config_for("deferred"),
+                                  dims_cache=RouteDimsCache(), codecs=codec_map,
+                                  topics=TopicNames(staged_routes=route_topic), limits=InputLimits(),
+                                  now_ms=lambda: 0)
+        if out.error is not None or out.valid_rows != out.total_rows:
+            raise RuntimeError(f"a clean benchmark group did not finalize: {out.error or out.rejections}")
     rows = [codec_map["CanonicalRow"].decode(v) for t, v in out.records if t == P.TOPICS.canonical_rows]
     plans = [codec_map["RoutePlan"].decode(v) for t, v in out.records if t == P.TOPICS.route_plans]
     return rows, plans
@@ -95,7 +171,7 @@ def _raw_consume_seconds(bootstrap: str, topic: str, count: int, max_record_byte
 
 
 def run(*, bootstrap: str | None = None, profile: str = "default", as_json: bool = False,
-        cache_bytes: int = 1 << 30) -> dict:
+        cache_bytes: int = 1 << 30, routes: str = "inline") -> dict:
     import logging
 
     from stage.client import DeferredRouteFetcher, TrainingGroup, row_from_record
@@ -112,18 +188,23 @@ def run(*, bootstrap: str | None = None, profile: str = "default", as_json: bool
         load_before = P.load_average()
         line, inputs, dims = _group(profile)
         topic = f"bench-fetch-{uuid.uuid4().hex[:8]}"
-        where = _stage_records(bootstrap, topic, inputs)
-        rows, plans = _plans_and_rows(inputs, where)
-        route_payloads, staged_codec = [], AvroCodec("StagedCall", max_record_bytes=BENCH_MAX_RECORD_BYTES)
-        for role, value in inputs.records:
-            if role != RECEIPTS:
-                record = staged_codec.decode(value)
-                route_payloads += [record[n]["data"] for n in ("routed_experts", "routed_experts_boundary")
-                                   if record[n] is not None]
-        route_bytes = sum(len(p) for p in route_payloads)
+        chunk_sha_s = None
         # the record cap both readers get: the default, or what the largest staged call needs
         cap = max(DEFAULT_MAX_RECORD_BYTES, *(len(v) for role, v in inputs.records if role != RECEIPTS))
-        raw_s = min(_raw_consume_seconds(bootstrap, topic, len(where), cap) for _ in range(2))
+        if routes == "by-reference":
+            route_topic = f"{topic}-routes"
+            records, where, chunk_datas = _stage_by_reference(bootstrap, topic, route_topic, inputs)
+            rows, plans = _plans_and_rows(inputs, where, records, route_topic)
+            route_payloads = _route_payloads(inputs.records, ("routed_experts",))
+            raw_s = min(_raw_consume_seconds(bootstrap, route_topic, len(chunk_datas), cap) for _ in range(2))
+            chunk_sha_s = P.best_seconds(lambda: [hashlib.sha256(d).digest() for d in chunk_datas], 2)
+            del chunk_datas, records
+        else:
+            where = _stage_records(bootstrap, topic, inputs)
+            rows, plans = _plans_and_rows(inputs, where)
+            route_payloads = _route_payloads(inputs.records, ("routed_experts", "routed_experts_boundary"))
+            raw_s = min(_raw_consume_seconds(bootstrap, topic, len(where), cap) for _ in range(2))
+        route_bytes = sum(len(p) for p in route_payloads)
         b64_s = P.best_seconds(lambda: [hashlib.sha256(pybase64.b64encode(p)).digest() for p in route_payloads], 2)
         del route_payloads
 
@@ -138,14 +219,15 @@ def run(*, bootstrap: str | None = None, profile: str = "default", as_json: bool
             started = time.perf_counter()
             fetcher.attach(group())
             cold_s = time.perf_counter() - started
-            fetched, verified = fetcher.fetched, fetcher.verified
+            fetched, verified = fetcher.fetched + fetcher.chunks_fetched, fetcher.verified
             started = time.perf_counter()
             fetcher.attach(group())
             warm_s = time.perf_counter() - started
             gc.collect()
             rss_held = P.rss_bytes() - rss_before
             report = {
-                "benchmark": "fetch", "profile": profile, "profile_line": line,
+                "benchmark": "fetch", "routes": routes, "profile": profile, "profile_line": line,
+                "chunk_sha256_s": chunk_sha_s,
                 "load_before": load_before, "load_after": P.load_average(), "machine": machine_info(),
                 "rows": len(rows), "fragments": fetched, "route_bytes": route_bytes, "max_record_bytes": cap,
                 "raw_consume_s": raw_s, "base64_sha256_s": b64_s,
@@ -166,14 +248,29 @@ def run(*, bootstrap: str | None = None, profile: str = "default", as_json: bool
     return report
 
 
+def _route_payloads(records, fields) -> list[bytes]:
+    staged_codec = AvroCodec("StagedCall", max_record_bytes=BENCH_MAX_RECORD_BYTES)
+    out = []
+    for role, value in records:
+        if role != RECEIPTS:
+            record = staged_codec.decode(value)
+            out += [record[n]["data"] for n in fields if record[n] is not None]
+    return out
+
+
 def render(r: dict) -> str:
     mb = r["route_bytes"] / 1e6
+    by_ref = r.get("routes") == "by-reference"
+    what = "route chunks" if by_ref else "fragments"
+    source = "the route topic (the same route bytes)" if by_ref else "the records"
+    chunk_hash = (f", SHA-256 of the chunks {r['chunk_sha256_s']:.2f} s" if r.get("chunk_sha256_s") is not None
+                  else "")
     return "\n".join([
-        f"bench fetch: {r['profile_line']}; machine load {r['load_before']}",
+        f"bench fetch ({r.get('routes', 'inline')}): {r['profile_line']}; machine load {r['load_before']}",
         machine_line(r["machine"]),
-        f"group: {r['rows']} rows, {r['fragments']} fragments, {mb:,.1f} MB of routes",
-        f"anchors: raw consume of the records {r['raw_consume_s']:.2f} s ({mb / r['raw_consume_s']:,.0f} MB/s), "
-        f"base64 + SHA-256 of the routes {r['base64_sha256_s']:.2f} s",
+        f"group: {r['rows']} rows, {r['fragments']} {what}, {mb:,.1f} MB of routes",
+        f"anchors: raw consume of {source} {r['raw_consume_s']:.2f} s ({mb / r['raw_consume_s']:,.0f} MB/s), "
+        f"base64 + SHA-256 of the routes {r['base64_sha256_s']:.2f} s{chunk_hash}",
         f"cold attach (fetch + decode + verify + assemble): {r['cold_s']:.2f} s = {r['cold_mb_per_s']:,.0f} MB/s "
         f"({r['cold_to_raw_consume']:.2f}x the raw consume, {r['cold_to_raw_plus_hash']:.2f}x raw consume + "
         f"hashing); target >= 500 MB/s",

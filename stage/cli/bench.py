@@ -93,6 +93,9 @@ def add_parsers(commands) -> None:
     fetch.add_argument("--profile", choices=PROFILES, default="default", help=PROFILE_HELP)
     fetch.add_argument("--cache-mib", type=at_least(0), default=1024,
                        help="the fetcher's cache budget in MiB (DeferredRouteFetcher cache_bytes)")
+    fetch.add_argument("--routes", choices=("inline", "by-reference"), default="inline",
+                       help="inline: routes inside the staged calls; by-reference: as route chunks "
+                            "on a route topic, the staged calls naming them")
     fetch.add_argument("--torch-threads", type=at_least(0), default=1,
                        help="torch intra-op threads (0: as many as torch picks, one per core)")
 
@@ -132,7 +135,7 @@ def main(args) -> int:
         _torch_threads(args.torch_threads)
         from stage.bench.fetch import run as run_fetch
         run_fetch(bootstrap=args.bootstrap_servers, profile=args.profile, as_json=args.json,
-                  cache_bytes=args.cache_mib << 20)
+                  cache_bytes=args.cache_mib << 20, routes=args.routes)
         return 0
     return 2
 

@@ -125,7 +125,12 @@ class GroupInspector:
             if value is not None:
                 plan.update(row_index=value["row_index"], fragments=[
                     {"staging_key": s["staging_key"], **s["fragment"]}
-                    for s in value["spans"] if s["fragment"] is not None])
+                    for s in value["spans"] if s["fragment"] is not None], chunks=[
+                    {"staging_key": s["staging_key"], "topic": ref["topic"], "partition": ref["partition"],
+                     "offsets": [c["offset"] for c in ref["chunks"]],
+                     "bytes": sum(c["length"] for c in ref["chunks"])}
+                    for s in value["spans"] if s.get("chunks") is not None
+                    for ref in (s["chunks"]["reference"],)])
             out.append(plan)
         return out
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from stage.wire import DEFAULT_MAX_RECORD_BYTES, STAGED_ROUTES_TOPIC
+
 
 @dataclass(frozen=True)
 class InputLimits:
@@ -19,3 +21,8 @@ class InputLimits:
     max_labels: int = 32                # labels of one receipt
     max_result_stats: int = 128         # result_stats entries of one receipt
     max_name_chars: int = 128           # a label's scope or name, a result_stats field
+    # Routes staged by reference (stage.staging.route_refs): the topic a reference must name
+    # (the stage's topics.staged_routes) and the largest chunk payload it may name (a chunk
+    # record fits the stage's max_record_bytes). The runtime sets both from its settings.
+    route_topic: str = STAGED_ROUTES_TOPIC
+    max_route_chunk_bytes: int = DEFAULT_MAX_RECORD_BYTES

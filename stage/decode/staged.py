@@ -10,6 +10,11 @@ by their Kafka coordinates; router replay off) releases them at intake (``keep_r
 the route tensors' checks run there and what finalization needs of them (the fragment's row
 count, or the check's error) stays in a ``ReleasedRoutes``; the bytes go. Finalization then
 sees exactly what it would have seen, in the same order, without the payload.
+
+A call whose routes were staged by reference (``routes_ref``: chunks on the route topic,
+stage.staging.route_refs) holds no route bytes at all: its reference is checked completely at
+finalization (``route_reference``: limits, shape against delta_len, the configured route
+topic, the record's own partition) and kept in ``StagedRow.route_ref``; no chunk is read here.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from stage.decode.limits import InputLimits
 from stage.decode.receipts import _identifier
 from stage.staging import StagedMedia, StagedRow, TopK
 from stage.routes import ROUTE_ENCODING_ENVELOPE, ROUTE_ENCODING_LIST, ROUTE_ENCODING_NONE
+from stage.staging.route_refs import RouteReference, RouteReferenceError
 from stage.wire import schema, unpack_tensor
 
 _TOKEN_DTYPES = ("uint32", "uint64", "int32", "int64")
@@ -90,6 +96,15 @@ def release_routes(record: dict, limits: InputLimits = InputLimits()) -> int:
     present = [name for name in _ROUTE_FIELDS if record.get(name) is not None]
     if not present:
         return 0
+    if record.get("routes_ref") is not None:
+        # By reference: the boundary (one token row) stays for the plan; inline routes next
+        # to a reference are refused at finalization, and their bytes go now.
+        if record.get("routed_experts") is None:
+            return 0
+        freed = _data_size(record["routed_experts"])
+        record["routed_experts"] = None
+        record[RELEASED_ROUTES] = ReleasedRoutes(0, _BOTH_ROUTES)
+        return freed
     freed = sum(_data_size(record[name]) for name in present)
     try:
         routes, _boundary = _route_tensors(record, limits)
@@ -100,6 +115,9 @@ def release_routes(record: dict, limits: InputLimits = InputLimits()) -> int:
         record[name] = None
     record[RELEASED_ROUTES] = released
     return freed
+
+
+_BOTH_ROUTES = "routes_ref: a staged call carries its routes inline (routed_experts) and by reference both"
 
 
 def _data_size(tensor) -> int:
@@ -114,13 +132,15 @@ def _column(record: dict, name: str, dtypes, length: int) -> np.ndarray:
     return array
 
 
-def staged_row(record: dict, limits: InputLimits = InputLimits()) -> StagedRow:
-    """Full conversion; ValueError (wire layout or Gym model rules) rejects the rollout."""
+def staged_row(record: dict, limits: InputLimits = InputLimits(), *,
+               partition: int | None = None) -> StagedRow:
+    """Full conversion; ValueError (wire layout or Gym model rules) rejects the rollout.
+    ``partition``: the record's own (a route reference must name it; None: not checked)."""
     ids, mask, logprobs = staged_columns(record)
     snapshot = StagedCallBaseSnapshot(
         **{name: record[name] for name in _SNAPSHOT_FIELDS},
         token_ids_delta=ids, token_mask_delta=mask, generation_log_probs_delta=logprobs)
-    return staged_row_of(record, snapshot, limits)
+    return staged_row_of(record, snapshot, limits, partition=partition)
 
 
 def staged_columns(record: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -134,25 +154,63 @@ def staged_columns(record: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return ids.astype(np.uint64), mask.astype(np.float64), logprobs.astype(np.float64)
 
 
-def staged_row_of(record: dict, snapshot: StagedCallBaseSnapshot, limits: InputLimits) -> StagedRow:
-    """What follows the snapshot: route encoding and tensors, media, top-k (in this order)."""
+def staged_row_of(record: dict, snapshot: StagedCallBaseSnapshot, limits: InputLimits, *,
+                  partition: int | None = None) -> StagedRow:
+    """What follows the snapshot: route encoding, reference and tensors, media, top-k (in this
+    order)."""
     encoding = record.get("route_encoding", ROUTE_ENCODING_NONE)
     if encoding not in (ROUTE_ENCODING_NONE, ROUTE_ENCODING_ENVELOPE, ROUTE_ENCODING_LIST):
         raise ValueError(f"unknown route encoding {encoding!r}")
     released = record.get(RELEASED_ROUTES)
+    reference = None
     if released is not None:   # checked at intake, in this same order: its outcome only
         if released.error is not None:
             raise ValueError(released.error)
         routes = boundary = None
         routed = released.routed_len
     else:
+        reference = route_reference(record, limits, partition=partition)
         routes, boundary = _route_tensors(record, limits)
-        routed = None if routes is None else int(routes.shape[0])
+        routed = reference.shape[0] if reference is not None else \
+            None if routes is None else int(routes.shape[0])
     return StagedRow(
         snapshot=snapshot, route_encoding=encoding if routed else ROUTE_ENCODING_NONE,
         routes=routes, boundary_routes=boundary, released_route_len=None if released is None else routed,
+        route_ref=reference,
         extras_metadata_json=record.get("extras_metadata_json", "null").encode("utf-8"),
         media=_media(record.get("media"), limits), topk=_topk(record.get("topk"), limits))
+
+
+def route_reference(record: dict, limits: InputLimits = InputLimits(), *,
+                    partition: int | None = None) -> RouteReference | None:
+    """The call's ``routes_ref``, checked completely (nothing is allocated for it, no chunk is
+    read), or None when its routes are inline or absent. ValueError, naming the first problem,
+    for: routes inline and by reference both, a reference under route encoding 0, a reference
+    that fails RouteReference.from_value (chunk lengths within ``limits.max_route_chunk_bytes``,
+    shape [delta_len, L, K]), more than ``limits.max_route_values`` values, a topic other than
+    ``limits.route_topic``, a partition other than ``partition`` (the record's own: a call's
+    chunks are keyed by its group id, as the call is)."""
+    value = record.get("routes_ref")
+    if value is None:
+        return None
+    if record.get("routed_experts") is not None:
+        raise ValueError(_BOTH_ROUTES)
+    if record.get("route_encoding", ROUTE_ENCODING_NONE) == ROUTE_ENCODING_NONE:
+        raise ValueError("routes_ref: a route reference with route_encoding 0 (no routes)")
+    try:
+        reference = RouteReference.from_value(value, max_chunk_bytes=limits.max_route_chunk_bytes,
+                                              delta_len=record.get("delta_len"))
+    except RouteReferenceError as error:
+        raise ValueError(f"routes_ref: {error}") from None
+    t, layers, topk = reference.shape
+    if t * layers * topk > limits.max_route_values:
+        raise ValueError(f"routes_ref: {t * layers * topk} route values exceed {limits.max_route_values}")
+    if reference.topic != limits.route_topic:
+        raise ValueError(f"routes_ref: names topic {reference.topic!r}, the route topic is {limits.route_topic!r}")
+    if partition is not None and reference.partition != partition:
+        raise ValueError(f"routes_ref: names partition {reference.partition}, the staged call is in "
+                         f"partition {partition} (a call's chunks are keyed by its group id)")
+    return reference
 
 
 def staged_route_fragment(record: dict, limits: InputLimits = InputLimits()):

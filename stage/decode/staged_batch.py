@@ -39,8 +39,10 @@ def _plain_fields(record: dict) -> dict | None:
     return fields if ok else None
 
 
-def staged_rows(records: Sequence[dict], limits: InputLimits = InputLimits()) -> list[StagedRow | None]:
-    """``staged_row`` of each record that is valid throughout; None for any other."""
+def staged_rows(records: Sequence[dict], limits: InputLimits = InputLimits(), *,
+                partitions: Sequence[int | None] | None = None) -> list[StagedRow | None]:
+    """``staged_row`` of each record that is valid throughout; None for any other.
+    ``partitions``: each record's own (what a route reference must name), None: unchecked."""
     snapshots: list[StagedCallBaseSnapshot | None] = []
     for record in records:
         fields = _plain_fields(record)
@@ -62,7 +64,7 @@ def staged_rows(records: Sequence[dict], limits: InputLimits = InputLimits()) ->
         return [None] * len(records)
     digests = iter(packed.call_digests(plain))   # None where a rule or an encoding says no
     out: list[StagedRow | None] = []
-    for record, snapshot in zip(records, snapshots):
+    for index, (record, snapshot) in enumerate(zip(records, snapshots)):
         if snapshot is None:
             out.append(None)
             continue
@@ -71,7 +73,8 @@ def staged_rows(records: Sequence[dict], limits: InputLimits = InputLimits()) ->
             out.append(None)
             continue
         try:
-            out.append(staged_row_of(record, snapshot, limits))
+            out.append(staged_row_of(record, snapshot, limits,
+                                     partition=None if partitions is None else partitions[index]))
         except (ValueError, TypeError, KeyError):
             out.append(None)
     return out

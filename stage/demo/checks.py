@@ -150,8 +150,9 @@ def check_rows_equal(workload: Workload, read: dict, recomputed: dict) -> Check:
 
 
 def check_plans_equal(workload: Workload, read: dict, recomputed: dict) -> Check:
-    """Deferred mode: every published RoutePlan equals the recomputed row's plan (the Kafka
-    coordinates aside, which ``check_padded_tensors`` exercises by fetching)."""
+    """Deferred mode: every published RoutePlan equals the recomputed row's plan (where each
+    span's routes are aside: a StagedCall's Kafka coordinates, or the chunks a reference names,
+    which ``check_padded_tensors`` exercises by fetching)."""
     failures, count = [], 0
     for spec in workload.groups:
         got, want = read.get(spec.group_id), recomputed.get(spec.group_id)
@@ -159,15 +160,13 @@ def check_plans_equal(workload: Workload, read: dict, recomputed: dict) -> Check
             continue
         for plan, row in zip(got.plans, want.rows):
             count += 1
-            published = {**plan, "spans": [{**s, "fragment": None} for s in plan["spans"]]}
-            expected = plan_record(row, {})     # a span's `chunks` is null unless staged by reference
-            expected = {**expected, "spans": [{"chunks": None, **s} for s in expected["spans"]]}
-            if published != expected:
+            published = {**plan, "spans": [{**s, "fragment": None, "chunks": None} for s in plan["spans"]]}
+            if published != plan_record(row, {}):
                 failures.append(f"{row.sample_id}: route plan differs")
             missing = [s["staging_key"] for s in plan["spans"]
-                       if s["staged_route_len"] > 0 and s["fragment"] is None]
+                       if s["staged_route_len"] > 0 and (s["fragment"] is None) == (s.get("chunks") is None)]
             if missing:
-                failures.append(f"{row.sample_id}: spans without coordinates: {missing}")
+                failures.append(f"{row.sample_id}: spans without exactly one of coordinates and chunks: {missing}")
     return _check("route_plans_equal_recomputation", failures, f"{count} route plans equal")
 
 
@@ -244,4 +243,5 @@ def check_sdk(mismatches: list[str], calls: int) -> Check:
 def check_route_fetches(failures: Counter, rows: int) -> Check:
     listed = [f"{n} x {reason}" for reason, n in sorted(failures.items())]
     return _check("deferred_route_fetch", listed,
-                  f"{rows} rows' routes rebuilt from staged fragments fetched by Kafka coordinates")
+                  f"{rows} rows' routes rebuilt from staged fragments fetched by Kafka coordinates "
+                  "(inline) or route chunks (by reference)")

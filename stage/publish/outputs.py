@@ -67,7 +67,7 @@ def encode_rows(result, config, codecs, ctx: GroupContext) -> EncodedRows:
             continue
         if deferred:
             try:
-                plans.append(codecs["RoutePlan"].encode(plan_record(row, ctx.staged_positions)))
+                plans.append(codecs["RoutePlan"].encode(plan_record(row, ctx.staged_positions, ctx.route_chunks)))
             except WireError as error:
                 unpublishable[row.row_index] = R.reason(R.UNPUBLISHABLE_RECORD, f"RoutePlan: {error}")
     return EncodedRows(rows, plans, unpublishable)

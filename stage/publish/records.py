@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from stage.buffer import Position
 from stage.finalize import CanonicalRow, FinalizedGroup
@@ -30,6 +30,8 @@ class GroupContext:
     last_timestamp_ms: int
     max_offsets: dict                 # topic -> highest input offset of the group
     staged_positions: dict            # staging_key -> Position of its StagedCall record
+    # staging_key -> RoutePlanChunks value, for calls whose routes were staged by reference
+    route_chunks: dict = field(default_factory=dict)
 
 
 def row_record(row: CanonicalRow, *, views: bool = False) -> dict:
@@ -123,20 +125,27 @@ def encode_row(row: CanonicalRow, codec) -> list[bytes]:
     return parts
 
 
-def plan_record(row: CanonicalRow, staged_positions: dict) -> dict:
+def plan_record(row: CanonicalRow, staged_positions: dict, route_chunks: dict | None = None) -> dict:
+    """The RoutePlan record of ``row``: each span with staged routes names where they are, the
+    StagedCall record holding them inline (``fragment``, from ``staged_positions``) or, for a
+    call staged by reference, its chunks (``chunks``, from ``route_chunks``: staging_key ->
+    RoutePlanChunks value); never both."""
     plan = row.route_plan
     spans = []
     for span in plan.spans:
         pos: Position | None = staged_positions.get(span.staging_key)
-        fragment = None
-        if span.staged_route_len > 0 and pos is not None:
-            fragment = {"topic": pos.topic, "partition": pos.partition, "offset": pos.offset}
+        fragment = chunks = None
+        if span.staged_route_len > 0:
+            chunks = (route_chunks or {}).get(span.staging_key)
+            if chunks is None and pos is not None:
+                fragment = {"topic": pos.topic, "partition": pos.partition, "offset": pos.offset}
         spans.append({
             "staging_key": span.staging_key, "carry_len": span.carry_len,
             "generation_len": span.generation_len, "staged_route_len": span.staged_route_len,
             "extras_digest_version": span.extras_digest_version, "extras_digest": span.extras_digest,
             "boundary_token_index": span.boundary_token_index,
-            "repair_previous_token": span.repair_previous_token, "fragment": fragment})
+            "repair_previous_token": span.repair_previous_token, "fragment": fragment,
+            "chunks": chunks})
     return {"group_id": row.group_id, "sample_id": row.sample_id, "row_index": row.row_index,
             "schema_version": plan.schema_version, "staging_partition": plan.staging_partition,
             "spans": spans, "cleanup_staging_keys": list(plan.cleanup_staging_keys),

@@ -66,6 +66,22 @@ ROUTE_FAILURE_REASONS = (
     ROUTE_FAILURE_BOUNDARY,
 )
 
+# Not NeMo RL's: routes staged by reference (stage.staging.route_refs) fail in the trainer's
+# fetcher before the executor runs, one reason a row: a chunk the reference names is not there
+# (deleted, expired, beyond the log's end, not fetched in time), is another call's or another
+# length (mismatch), or its bytes are not the ones committed to (corrupt: its SHA-256, found
+# when the extras digest over the joined payload fails); or the reference itself is unusable.
+ROUTE_FAILURE_CHUNK_MISSING = "chunk_missing"
+ROUTE_FAILURE_CHUNK_MISMATCH = "chunk_mismatch"
+ROUTE_FAILURE_CHUNK_CORRUPT = "chunk_corrupt"
+ROUTE_FAILURE_INVALID_REFERENCE = "invalid_reference"
+ROUTE_CHUNK_FAILURE_REASONS = (
+    ROUTE_FAILURE_CHUNK_MISSING,
+    ROUTE_FAILURE_CHUNK_MISMATCH,
+    ROUTE_FAILURE_CHUNK_CORRUPT,
+    ROUTE_FAILURE_INVALID_REFERENCE,
+)
+
 # --- finalizer rejection prefixes for plan construction (§2 guards 15-22) --------------
 REJECT_DUPLICATE_ROUTE_SPAN = "duplicate_route_span"
 REJECT_ROUTE_SPAN_IDENTITY = "route_span_identity"

@@ -5,6 +5,7 @@ module turns every other failure into rejections (``finalize_and_encode``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import time
@@ -18,6 +19,7 @@ from stage.finalize.failures import UNPUBLISHABLE, HaltCause, halt_cause
 from stage.publish.outputs import Outputs, encode_group, encode_rows
 from stage.publish.records import GroupContext, RowTooLarge
 from stage.routes import RouteDimsCache
+from stage.wire import pack_tensor
 from stage.runtime.task.source import BufferTokenSource, spilled_loader
 
 logger = logging.getLogger(__name__)
@@ -31,6 +33,24 @@ def context_of(group: GroupState, why: str, topics) -> GroupContext:
         staged_positions={k: item.position for k, item in group.staged.items()})
 
 
+def stage_limits(limits: InputLimits, topics, codecs) -> InputLimits:
+    """``limits`` with the route reference bounds of this stage: its route topic, and chunks
+    no larger than its record cap (the StagedCall codec's, which follows max_record_bytes)."""
+    codec = codecs.get("StagedCall") if codecs else None
+    cap = getattr(codec, "max_record_bytes", None) or limits.max_route_chunk_bytes
+    return dataclasses.replace(limits, route_topic=topics.staged_routes, max_route_chunk_bytes=cap)
+
+
+def route_chunks_of(rows) -> dict:
+    """staging_key -> the RoutePlanChunks value of each converted row staged by reference:
+    what the trainer needs to fetch its chunks and verify them (the reference as staged, the
+    route encoding and metadata the extras digest binds, the inline boundary route)."""
+    return {key: {"reference": row.route_ref.to_value(), "route_encoding": row.route_encoding,
+                  "extras_metadata_json": row.extras_metadata_json.decode("utf-8"),
+                  "boundary": None if row.boundary_routes is None else pack_tensor(row.boundary_routes)}
+            for key, row in rows.items() if row.route_ref is not None}
+
+
 def finalize_and_encode(group: GroupState, why: str, epoch: int, *, config: ReassemblyConfig,
                         dims_cache: RouteDimsCache, codecs, topics, limits: InputLimits,
                         now_ms) -> Outputs:
@@ -42,6 +62,7 @@ def finalize_and_encode(group: GroupState, why: str, epoch: int, *, config: Reas
     ``error`` set and no records: they would fail every group, so the runtime halts the
     partition instead of publishing placeholders and committing past them."""
     ctx = context_of(group, why, topics)
+    limits = stage_limits(limits, topics, codecs)
     out = Outputs(group.partition, group.group_id, epoch, ctx)
     started = time.perf_counter()
     run = functools.partial(_finalize_into, out, group, why, config=config, dims_cache=dims_cache,
@@ -94,6 +115,7 @@ def _finalize_into(out: Outputs, group: GroupState, why: str, *, config, dims_ca
             result_stats=group.result_stats(), rejected=rejected)
 
     result = finalize(rejected)
+    ctx.route_chunks.update(route_chunks_of(source.converted()))
     encoded = encode_rows(result, config, codecs, ctx)
     if encoded.unpublishable:   # once: as placeholders those rows' records are a few hundred bytes
         logger.warning("group %s: rows %s rejected, their records cannot be published: %s",

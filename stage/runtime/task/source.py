@@ -40,7 +40,8 @@ class BufferTokenSource:
         item = self.staged.get(key)
         if item is None:
             return None
-        row = staged_row(self._payload(item), self.limits)  # ValueError -> invalid_staging_row
+        row = staged_row(self._payload(item), self.limits,  # ValueError -> invalid_staging_row
+                         partition=item.position.partition)
         self._rows[key] = row
         return row
 
@@ -48,7 +49,9 @@ class BufferTokenSource:
         todo = [k for k in keys if k not in self._rows and k in self.staged]
         if len(todo) < 2:
             return
-        for key, row in zip(todo, staged_rows([self._payload(self.staged[k]) for k in todo], self.limits)):
+        items = [self.staged[k] for k in todo]
+        for key, row in zip(todo, staged_rows([self._payload(i) for i in items], self.limits,
+                                              partitions=[i.position.partition for i in items])):
             if row is not None:
                 self._rows[key] = row
 
@@ -63,6 +66,10 @@ class BufferTokenSource:
         return fetched_from_rows(keys, [self._row(k) for k in keys], where=self.partition_name,
                                  include_route_fragments=include_route_fragments,
                                  include_topk=include_topk)
+
+    def converted(self) -> dict[str, StagedRow]:
+        """The rows converted so far, by staging key (what the group's plans are built from)."""
+        return dict(self._rows)
 
     def fetch_media(self, staging_keys) -> list[StagedMedia]:
         out = []
