@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from stage.buffer import StagedItem
 from stage.decode import InputLimits, release_routes, staged_row
+from stage.decode.route_chunks import join_route_chunks, with_route_reference
 from stage.decode.staged_batch import staged_rows
 from stage.finalize import FetchedStagedCall
 from stage.staging import StagedMedia, StagedRow
@@ -22,11 +23,12 @@ class BufferTokenSource:
     validates_snapshots = True
 
     def __init__(self, staged: dict[str, StagedItem], *, partition_name: str,
-                 limits: InputLimits = InputLimits(), load=None) -> None:
+                 limits: InputLimits = InputLimits(), load=None, routes=None) -> None:
         self.staged = staged
         self.partition_name = partition_name
         self.limits = limits
         self.load = load             # (SpilledRecord) -> the decoded record dict
+        self.routes = routes         # RouteChunks (direct router replay), else None
         self._rows: dict[str, StagedRow] = {}
 
     def _payload(self, item: StagedItem):
@@ -40,17 +42,26 @@ class BufferTokenSource:
         item = self.staged.get(key)
         if item is None:
             return None
-        row = staged_row(self._payload(item), self.limits)  # ValueError -> invalid_staging_row
+        payload = self._payload(item)
+        row = self._joined(staged_row(payload, self.limits), payload)  # ValueError -> invalid_staging_row
         self._rows[key] = row
         return row
+
+    def _joined(self, row: StagedRow, record: dict) -> StagedRow:
+        """Direct router replay: a row staged by reference gets its routes from its chunks
+        (KeyError: a chunk was not read; ValueError: one is not what the reference says)."""
+        if self.routes is None:
+            return row
+        return self.routes.join(with_route_reference(row, record, self.limits))
 
     def _convert_together(self, keys) -> None:
         todo = [k for k in keys if k not in self._rows and k in self.staged]
         if len(todo) < 2:
             return
-        for key, row in zip(todo, staged_rows([self._payload(self.staged[k]) for k in todo], self.limits)):
+        payloads = [self._payload(self.staged[k]) for k in todo]
+        for key, row, payload in zip(todo, staged_rows(payloads, self.limits), payloads):
             if row is not None:
-                self._rows[key] = row
+                self._rows[key] = self._joined(row, payload)
 
     def fetch_for_finalization(self, staging_keys, *, include_route_fragments=False,
                                include_topk=False) -> list[FetchedStagedCall]:
@@ -72,6 +83,28 @@ class BufferTokenSource:
                 raise KeyError(f"staged media missing for {key}")
             out.append(row.media)
         return out
+
+
+class RouteChunks:
+    """A group's buffered route chunks (direct router replay) and where they were read from;
+    ``load`` reads a spilled chunk back (stage.buffer.spill)."""
+
+    def __init__(self, chunks: dict, *, group_id: str, topic: str, partition: int, load=None) -> None:
+        self.chunks, self.group_id, self.topic, self.partition = chunks, group_id, topic, partition
+        self.load = load
+
+    def join(self, row: StagedRow) -> StagedRow:
+        return join_route_chunks(row, self.chunks, group_id=self.group_id, topic=self.topic,
+                                 partition=self.partition, load=self.load)
+
+
+def chunk_loader(codec):
+    """Read a spilled RouteChunk back and decode it (``codec``: the RouteChunk codec)."""
+    def load(ref):
+        if codec is None:
+            raise ValueError("a spilled route chunk, and no RouteChunk codec to read it")
+        return codec.decode(ref.read())
+    return load
 
 
 def spilled_loader(codec, *, keep_routes: bool, limits: InputLimits = InputLimits()):
