@@ -142,6 +142,10 @@ class PartitionBuffer:
         held = group.staged.get(item.staging_key)
         if held is not None:
             return self._duplicate(staged_difference(held, item), "staged")
+        ref = item.route_ref
+        if ref is not None and (ref.topic != self.routes_topic or ref.partition != self.partition):
+            item.route_ref = None   # chunks this partition never reads: nothing to wait for (the
+            #                         rollout is rejected at finalization, naming where they are)
         group.staged[item.staging_key] = item
         self._admit(group, item.nbytes, pos, now_ms)
         if group._missing_keys is not None:

@@ -196,14 +196,20 @@ def test_a_conflicting_chunk_at_a_referenced_offset_rejects_its_rollout(changes,
     assert reason.startswith("invalid_staging_row") and says in reason
 
 
-def test_a_reference_to_another_partition_rejects_its_rollout():
+@pytest.mark.parametrize("where, named", [
+    ({"partition": 1}, f"{TOPICS.staged_routes}[1]"),
+    ({"topic": "elsewhere.routes"}, "elsewhere.routes[0]"),
+], ids=["other-partition", "other-topic"])
+def test_a_reference_to_chunks_this_partition_never_reads_rejects_its_rollout_without_waiting(where, named):
     traffic = Traffic()
-    traffic.staged[0] = {**traffic.staged[0], "routes_ref": {**traffic.staged[0]["routes_ref"], "partition": 1}}
+    traffic.staged[0] = {**traffic.staged[0], "routes_ref": {**traffic.staged[0]["routes_ref"], **where}}
     buffer = new_buffer()
-    feed(buffer, traffic)
-    [(group, why)] = buffer.take_ready(2, None)[0]      # it names no chunk here: nothing to wait for
+    first = traffic.staged[0]["staging_key"]          # its chunks are not here either
+    feed(buffer, traffic, chunks=[(o, c) for o, c in traffic.chunks if c["staging_key"] != first])
+    [(group, why)] = buffer.take_ready(2, None)[0]      # nothing to wait for: complete at once
+    assert why == "complete"
     reason = _rejection(finalize(group, why))
-    assert reason.startswith("invalid_staging_row") and f"{TOPICS.staged_routes}[1]" in reason
+    assert reason.startswith("invalid_staging_row") and named in reason
 
 
 @pytest.mark.parametrize("changes, field", [
