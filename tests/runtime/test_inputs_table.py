@@ -5,17 +5,21 @@ assign the route topic."""
 
 from __future__ import annotations
 
+from threading import Event
+
 import pytest
 from confluent_kafka import TopicPartition
 
 from stage.config.model import StageConfig
 from stage.finalize import ReassemblyConfig
 from stage.runtime.kafka.clients import Clients
+from stage.runtime.kafka.ledger import LedgerState
 from stage.runtime.state.inputs import input_kinds, input_topics
 from stage.runtime.state.partition import Partitions
 from stage.runtime.steps.assignment import Assignment
 from stage.runtime.steps.intake import Intake
-from tests.runtime.fakes import Consumer, Probe, stats_fake
+from stage.runtime.steps.loads import LedgerLoads
+from tests.runtime.fakes import Consumer, NeverLoads, Probe, StartOffsets, stats_fake
 
 DIRECT = ReassemblyConfig(router_replay=True, defer_routes=False, route_layers=2, route_topk=2)
 MODES = {
@@ -67,3 +71,29 @@ def test_intake_decodes_route_chunks_in_direct_mode_only(mode):
                     partitions=Partitions(), resolver=None, clients=Clients(), stats=stats_fake(),
                     kinds=input_kinds(cfg))
     assert (cfg.topics.staged_routes in intake.kinds) == (mode == "direct")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_loaded_partition_reads_the_route_offsets_of_its_ledger_in_direct_mode_only(mode):
+    cfg = _cfg(mode)
+    parts = Partitions()
+    parts.add(2)
+    loads = LedgerLoads(cfg, pool=NeverLoads(), ledger_codec=None, partitions=parts,
+                        clients=Clients(start_offsets=StartOffsets()), stop=Event())
+    loads.start(2)
+    state = parts.get(2)
+    old = {"max_receipt_offset": 4, "max_staged_offset": 11, "published_at_ms": 5}   # before the field
+    new = {**old, "max_route_offset": 30}
+    state.load.set_result(LedgerState(groups={"old": old, "new": new},
+                                      dead_letter_offsets={"receipts": 6, "staged_calls": -1, "staged_routes": 9}))
+    assert loads.finish() == [2]
+    routes = cfg.topics.staged_routes
+    buffer = state.buffer
+    if mode == "direct":
+        assert buffer.routes_topic == routes
+        assert buffer.published["old"].max_offsets[routes] == -1
+        assert buffer.published["new"].max_offsets[routes] == 30
+        assert state.dead_letter_marks.snapshot()[routes] == 9
+    else:
+        assert buffer.routes_topic is None and routes not in buffer.published["new"].max_offsets
+        assert routes not in state.dead_letter_marks.snapshot()
