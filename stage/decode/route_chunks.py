@@ -117,7 +117,9 @@ def join_route_chunks(row, chunks: dict, *, group_id: str, topic: str, partition
                            "not read with its group (lost, expired, or keyed to another group)")
         chunk = load(item.payload) if item.spilled and load is not None else item.payload
         datas.append(check_chunk(ref, index, chunk, group_id=group_id, staging_key=key, verify_digest=True))
-    joined = join_chunks(ref, datas)
+    # One chunk (a call's routes under the chunk size: most calls) is used where it lies, a view
+    # of its record's bytes; several are joined into one allocation.
+    joined = datas[0] if len(datas) == 1 else join_chunks(ref, datas)
     # little-endian on the wire; native (no copy on a little-endian host) for the executor
     routes = np.frombuffer(joined, dtype=np.dtype(ref.dtype).newbyteorder("<")).reshape(ref.shape)
     routes = routes.astype(np.dtype(ref.dtype), copy=False)

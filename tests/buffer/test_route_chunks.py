@@ -43,7 +43,7 @@ class Traffic:
             offset += len(chunks)
             self.chunks += list(zip(offsets, chunks))
             self.staged.append(reference(TOPICS.staged_routes, 0, offsets))
-        assert all(c["count"] > 1 for _o, c in self.chunks)    # every call in several chunks
+        self.chunks_per_call = {c["count"] for _o, c in self.chunks}
 
     def next_chunk_offset(self) -> int:
         return self.chunks[-1][0] + 1
@@ -87,6 +87,7 @@ def rows(out) -> list[dict]:
 
 def test_a_group_waits_for_every_referenced_chunk_and_then_is_complete():
     traffic = Traffic()
+    assert min(traffic.chunks_per_call) > 1              # every call in several chunks
     buffer = new_buffer()
     last_offset, last = traffic.chunks[-1]
     feed(buffer, traffic, chunks=traffic.chunks[:-1])
@@ -108,9 +109,11 @@ def test_chunks_read_after_their_calls_and_receipts_complete_the_group_too():
     assert len(buffer.take_ready(2, None)[0]) == 1
 
 
+@pytest.mark.parametrize("chunk_bytes", [16, 1 << 20], ids=["several-chunks", "one-chunk"])
 @pytest.mark.parametrize("spill", [False, True], ids=["in-memory", "spilled"])
-def test_by_reference_rows_are_the_inline_paths_byte_for_byte(tmp_path, spill):
-    traffic = Traffic(n=3, calls=3)
+def test_by_reference_rows_are_the_inline_paths_byte_for_byte(tmp_path, spill, chunk_bytes):
+    traffic = Traffic(n=3, calls=3, chunk_bytes=chunk_bytes)
+    assert (traffic.chunks_per_call == {1}) == (chunk_bytes > 64)
     buffer = new_buffer(SpillStore(tmp_path / "p0", max_bytes=1 << 30) if spill else None)
     feed(buffer, traffic, spill=spill)
     if spill:
