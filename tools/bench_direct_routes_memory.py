@@ -57,13 +57,16 @@ def main() -> int:
     parser.add_argument("--groups", type=int, default=24)
     parser.add_argument("--cap-mib", type=int, default=512)
     parser.add_argument("--inline", action="store_true", help="routes inline in the staged calls")
+    parser.add_argument("--consumer", action="append", default=[], metavar="KEY=VALUE",
+                        help="a librdkafka consumer setting for the stage (repeatable)")
     parser.add_argument("--bootstrap-servers")
     args = parser.parse_args()
     cap = args.cap_mib << 20
     with bench_broker(args.bootstrap_servers, heap="1g") as (bootstrap, _kind):
         topics = _topics(f"memref-{uuid.uuid4().hex[:6]}")
         cfg = _config(bootstrap, topics, routes="direct").replace(max_buffered_bytes=cap, group_timeout_ms=600_000)
-        cfg = cfg.replace(finalize=cfg.finalize.model_copy(update={"route_layers": 48, "route_topk": 8}))
+        cfg = cfg.replace(finalize=cfg.finalize.model_copy(update={"route_layers": 48, "route_topk": 8}),
+                          consumer={**cfg.consumer, **dict(kv.split("=", 1) for kv in args.consumer)})
         create_topics(AdminClient({"bootstrap.servers": bootstrap}), cfg, partitions=2, replication=1,
                       min_insync_replicas=1, max_message_bytes=BENCH_MAX_RECORD_BYTES + (1 << 20))
         staged_codec = AvroCodec("StagedCall", max_record_bytes=BENCH_MAX_RECORD_BYTES)
@@ -103,7 +106,8 @@ def main() -> int:
             stage.stop()
     mb = 1 << 20
     print(machine_line(machine_info()))
-    print(f"direct router replay, routes {'inline' if args.inline else 'by reference'}: {args.groups} groups "
+    print(f"direct router replay, routes {'inline' if args.inline else 'by reference'}"
+          f"{', consumer ' + ' '.join(args.consumer) if args.consumer else ''}: {args.groups} groups "
           f"of 16 x 8 calls x 1,024 tokens, 48x8 int16 routes, all open; cap {args.cap_mib} MiB, input "
           f"{input_bytes / mb:,.0f} MiB; {published}/{args.groups} published in {time.monotonic() - started:.0f} s")
     print(f"  idle RSS {idle / mb:,.0f} MiB, peak RSS {sampler.peak_rss / mb:,.0f} MiB: peak - idle = "
