@@ -248,3 +248,17 @@ def test_the_ledger_entry_and_the_commit_watermark_account_for_the_route_chunks(
     assert CODECS["LedgerEntry"].decode(CODECS["LedgerEntry"].encode(entry)) == entry
     buffer.mark_published(GROUP, 3)
     assert buffer.committable(TOPICS.staged_routes) == traffic.next_chunk_offset()
+
+
+def test_of_two_faulty_calls_of_a_rollout_the_first_ones_reason_is_given():
+    traffic = Traffic(n=1, calls=3)
+    second = traffic.staged[1]["staging_key"]
+    # the second call's chunks are lost; the first call's digest is wrong (its row fails to convert)
+    traffic.staged[0] = {**traffic.staged[0], "digest": "0" * 64}
+    buffer = new_buffer()
+    feed(buffer, traffic, chunks=[(o, c) for o, c in traffic.chunks if c["staging_key"] != second])
+    [group] = buffer.groups.values()
+    [(group, why)] = buffer.take_ready(group.deadline_ms, None)[0]
+    out = finalize(group, why)
+    [reason] = out.rejections
+    assert reason.startswith("invalid_staging_row") and "route chunk" not in reason, reason

@@ -30,6 +30,7 @@ class BufferTokenSource:
         self.load = load             # (SpilledRecord) -> the decoded record dict
         self.routes = routes         # RouteChunks (direct router replay), else None
         self._rows: dict[str, StagedRow] = {}
+        self._failed: dict[str, Exception] = {}   # joins that failed in a batch, raised in key order
 
     def _payload(self, item: StagedItem):
         if item.spilled and self.load is not None:
@@ -39,6 +40,8 @@ class BufferTokenSource:
     def _row(self, key: str) -> StagedRow | None:
         if key in self._rows:
             return self._rows[key]
+        if key in self._failed:
+            raise self._failed[key]
         item = self.staged.get(key)
         if item is None:
             return None
@@ -60,8 +63,12 @@ class BufferTokenSource:
             return
         payloads = [self._payload(self.staged[k]) for k in todo]
         for key, row, payload in zip(todo, staged_rows(payloads, self.limits), payloads):
-            if row is not None:
+            if row is None:
+                continue
+            try:
                 self._rows[key] = self._joined(row, payload)
+            except (KeyError, TypeError, ValueError) as error:   # raised when its key is fetched
+                self._failed[key] = error
 
     def fetch_for_finalization(self, staging_keys, *, include_route_fragments=False,
                                include_topk=False) -> list[FetchedStagedCall]:
