@@ -25,7 +25,7 @@ from stage.bench.broker import bench_broker, produce
 from stage.bench.e2e import StageProcess, _config, _topics
 from stage.bench.inputs import BENCH_MAX_RECORD_BYTES, RECEIPTS, fixed_group
 from stage.bench.machine import machine_info, machine_line
-from stage.bench.memory import Sampler, _rss_bytes, _summaries
+from stage.bench.memory import Sampler, _gauge, _rss_bytes, _summaries
 from stage.runtime.kafka.topics import create_topics
 from stage.staging.route_refs import DEFAULT_ROUTE_CHUNK_BYTES, chunk_value, split_payload
 from stage.wire import AvroCodec
@@ -52,6 +52,23 @@ def by_reference(producer, topics, group_id: str, value: dict, chunk_codec) -> d
     return {**value, "routed_experts": None, "routes_ref": ref}
 
 
+def trace(stage, path: str, stop) -> None:
+    """Every 0.25 s: seconds, RSS, held_bytes, buffered_bytes, spilled_bytes, open groups (MiB)."""
+    started = time.monotonic()
+    with open(path, "w") as f:
+        f.write("s,rss_mib,held_mib,buffered_mib,spilled_mib,open_groups,inflight_groups\n")
+        while not stop.wait(0.25):
+            try:
+                rss = _rss_bytes(stage.proc.pid)
+            except OSError:
+                return
+            _, text = stage.get("/metrics")
+            mb = 1 << 20
+            f.write(f"{time.monotonic() - started:.2f},{rss / mb:.0f},{_gauge(text, 'held_bytes') / mb:.0f},"
+                    f"{_gauge(text, 'buffered_bytes') / mb:.0f},{_gauge(text, 'spilled_bytes') / mb:.0f},"
+                    f"{_gauge(text, 'open_groups'):.0f},{_gauge(text, 'inflight_groups'):.0f}\n")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--groups", type=int, default=24)
@@ -59,6 +76,7 @@ def main() -> int:
     parser.add_argument("--inline", action="store_true", help="routes inline in the staged calls")
     parser.add_argument("--consumer", action="append", default=[], metavar="KEY=VALUE",
                         help="a librdkafka consumer setting for the stage (repeatable)")
+    parser.add_argument("--trace", metavar="CSV", help="write RSS and the gauges every 0.25 s here")
     parser.add_argument("--bootstrap-servers")
     args = parser.parse_args()
     cap = args.cap_mib << 20
@@ -78,6 +96,10 @@ def main() -> int:
             time.sleep(2.0)
             idle = _rss_bytes(stage.proc.pid)
             sampler = Sampler(stage)
+            if args.trace:
+                import threading
+                stop_trace = threading.Event()
+                threading.Thread(target=trace, args=(stage, args.trace, stop_trace), daemon=True).start()
             producer = Producer({"bootstrap.servers": bootstrap, "partitioner": LIBRDKAFKA_PARTITIONER,
                                  "message.max.bytes": BENCH_MAX_RECORD_BYTES + (1 << 20), "linger.ms": 5,
                                  "queue.buffering.max.kbytes": 1 << 20})
@@ -102,6 +124,8 @@ def main() -> int:
             producer.flush(120)
             published = _summaries(bootstrap, topics.finalized_groups, args.groups, 1500)
             sampler.stop()
+            if args.trace:
+                stop_trace.set()
         finally:
             stage.stop()
     mb = 1 << 20
