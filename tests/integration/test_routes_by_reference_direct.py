@@ -70,8 +70,10 @@ def _rows(kafka, topics) -> dict:
     return rows_by_group([ROWS.decode(m.value()) for m in read_all(kafka.bootstrap, topics.canonical_rows)])
 
 
-def test_direct_mode_by_reference_publishes_the_inline_paths_rows(kafka):
-    cfg, topics, feeder, writer = _stage(kafka)
+@pytest.mark.parametrize("pool", [{}, {"finalize_pool": "process", "finalize_workers": 2}],
+                         ids=["threads", "worker-processes"])
+def test_direct_mode_by_reference_publishes_the_inline_paths_rows(kafka, pool):
+    cfg, topics, feeder, writer = _stage(kafka, **pool)
     groups = [make_group(f"ref{i}", 3, calls=3, seed=900 + i) for i in range(4)]
     inline = make_group("inline0", 2, calls=2, seed=990)          # an older producer: routes inline
     for spec in groups:
