@@ -10,16 +10,20 @@ from threading import Event
 import pytest
 from confluent_kafka import TopicPartition
 
+from stage.buffer import PartitionBuffer
 from stage.config.model import StageConfig
+from stage.decode import InputLimits
 from stage.finalize import ReassemblyConfig
 from stage.runtime.kafka.clients import Clients
 from stage.runtime.kafka.ledger import LedgerState
 from stage.runtime.state.inputs import input_kinds, input_topics
-from stage.runtime.state.partition import Partitions
+from stage.runtime.state.partition import DeadLetterMarks, Partitions
 from stage.runtime.steps.assignment import Assignment
 from stage.runtime.steps.intake import Intake
 from stage.runtime.steps.loads import LedgerLoads
-from tests.runtime.fakes import Consumer, NeverLoads, Probe, StartOffsets, stats_fake
+from stage.staging.route_refs import chunk_value
+from stage.wire import AvroCodec
+from tests.runtime.fakes import Consumer, Message, NeverLoads, Probe, StartOffsets, stats_fake
 
 DIRECT = ReassemblyConfig(router_replay=True, defer_routes=False, route_layers=2, route_topk=2)
 MODES = {
@@ -97,3 +101,37 @@ def test_a_loaded_partition_reads_the_route_offsets_of_its_ledger_in_direct_mode
     else:
         assert buffer.routes_topic is None and routes not in buffer.published["new"].max_offsets
         assert routes not in state.dead_letter_marks.snapshot()
+
+
+def _direct_intake():
+    """The runtime's intake in direct mode over one loaded partition (0 of 1)."""
+    cfg = _cfg("direct")
+    parts = Partitions()
+    state = parts.add(0)
+    state.buffer = PartitionBuffer(0, receipts_topic=cfg.topics.receipts, staged_topic=cfg.topics.staged_calls,
+                                   group_timeout_ms=60_000, late_retention_ms=1_000,
+                                   routes_topic=cfg.topics.staged_routes)
+    state.dead_letter_marks = DeadLetterMarks({t: -1 for t in input_topics(cfg.topics, input_kinds(cfg))})
+    codecs = {name: AvroCodec(name) for name in ("ReceiptEvent", "StagedCall", "RouteChunk")}
+    intake = Intake(topics=cfg.topics, codecs=codecs, limits=InputLimits(), keep_routes=True,
+                    partitions=parts, resolver=None, clients=Clients(consumer=Consumer(), probe=Probe()),
+                    stats=stats_fake(), kinds=input_kinds(cfg))
+    intake.partition_count = 1
+    return cfg, state, intake, codecs
+
+
+def test_intake_buffers_a_route_chunk_in_its_group_and_dead_letters_an_undecodable_one():
+    cfg, state, intake, codecs = _direct_intake()
+    topic = cfg.topics.staged_routes
+    chunk = chunk_value("g1", "g1-r0/c0", 0, 2, b"\x01\x02\x03\x04")
+    bad = {**chunk, "index": 2}                         # index past its count
+    taken = intake.batch([Message(topic, 0, 7, b"g1", codecs["RouteChunk"].encode(chunk)),
+                          Message(topic, 0, 8, b"g1", codecs["RouteChunk"].encode(bad)),
+                          Message(topic, 0, 9, b"g1", b"\x00not avro")], 1_000)
+    group = state.buffer.groups["g1"]
+    assert list(group.chunks) == [("g1-r0/c0", 7)] and group.min_offsets == {topic: 7}
+    assert [(letter.source_offset, letter.error_class) for letter in taken.dead_letters] == [
+        (8, "invalid"), (9, "undecodable")]
+    assert "index" in taken.dead_letters[0].error
+    assert state.dead_letter_marks.get(topic) == 9
+    assert state.buffer.committable(topic) == 7         # the open group holds its chunk
