@@ -70,3 +70,32 @@ class StagedItem:
     # Once spilled: the token and route tensors' digests by column (None: the record had none
     # or released it), what a second copy's tensors are compared with.
     tensors: dict | None = None
+    # Direct router replay: the RouteReference of routes staged by reference (routes_ref),
+    # checked at intake; the group waits for the chunks it names. None: inline or no routes.
+    route_ref: Any = None
+
+    def route_keys(self) -> tuple[tuple[str, int], ...]:
+        """The (staging_key, offset) of every route chunk its reference names."""
+        if self.route_ref is None:
+            return ()
+        return tuple((self.staging_key, c.offset) for c in self.route_ref.chunks)
+
+
+@dataclass(eq=False)
+class RouteChunkItem:
+    """One RouteChunk (direct router replay): a piece of a staged call's route payload,
+    buffered in its group under (staging_key, its offset). ``payload`` is the decoded record,
+    or once spilled the SpilledRecord of its bytes."""
+
+    group_id: str
+    staging_key: str
+    index: int
+    count: int
+    payload: Any
+    position: Position
+    nbytes: int
+    spilled: int = 0        # bytes of its record on local disk once spilled
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.staging_key, self.position.offset)

@@ -1,4 +1,5 @@
-"""The buffer of one co-partitioned input partition (receipts p + staged calls p).
+"""The buffer of one co-partitioned input partition (receipts p + staged calls p, + route
+chunks p in direct router replay).
 
 State only: no Kafka, no threads. The runtime feeds decoded records in, asks which groups are
 ready (complete, or past their deadline), hands them to finalization, and after publication
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 from stage.buffer.duplicates import keep_digests, receipt_difference, staged_difference
 from stage.buffer.fields import GroupFields, conflict_text, result_fields_text
 from stage.buffer.group import IN_FLIGHT, OPEN, GroupState
-from stage.buffer.items import ReceiptItem, StagedItem
+from stage.buffer.items import ReceiptItem, RouteChunkItem, StagedItem
 
 # What add_* did with a record (counted by the runtime).
 ADDED = "added"
@@ -41,12 +42,14 @@ class Published:
 
 class PartitionBuffer:
     def __init__(self, partition: int, *, receipts_topic: str, staged_topic: str,
-                 group_timeout_ms: int, late_retention_ms: int, spill=None) -> None:
+                 group_timeout_ms: int, late_retention_ms: int, spill=None,
+                 routes_topic: str | None = None) -> None:
         self.partition = partition
         self.spill = spill                       # SpillStore, or None: every record in memory
         self.spilled_bytes = 0
         self.receipts_topic = receipts_topic
         self.staged_topic = staged_topic
+        self.routes_topic = routes_topic         # direct router replay's third input, else None
         self.group_timeout_ms = group_timeout_ms
         self.late_retention_ms = late_retention_ms
         self.groups: dict[str, GroupState] = {}
@@ -139,12 +142,37 @@ class PartitionBuffer:
         held = group.staged.get(item.staging_key)
         if held is not None:
             return self._duplicate(staged_difference(held, item), "staged")
+        ref = item.route_ref
+        if ref is not None and (ref.topic != self.routes_topic or ref.partition != self.partition):
+            item.route_ref = None   # chunks this partition never reads: nothing to wait for (the
+            #                         rollout is rejected at finalization, naming where they are)
         group.staged[item.staging_key] = item
         self._admit(group, item.nbytes, pos, now_ms)
         if group._missing_keys is not None:
             group._missing_keys.discard(item.staging_key)
+        if group._missing_chunks is not None:
+            group._missing_chunks.update(key for key in item.route_keys() if key not in group.chunks)
         self._check_complete(group)
         return self._count(ADDED, "staged")
+
+    def add_route_chunk(self, item: RouteChunkItem, now_ms: int) -> str:
+        """A route chunk (direct router replay), held in its group under (staging_key, offset):
+        ADDED, DUPLICATE (the same offset read twice), LATE or REPLAYED. Which of two records
+        of one chunk is read is the reference's choice (by offset), at finalization."""
+        pos = item.position
+        self._seen(pos.topic, pos.offset, pos.timestamp_ms)
+        closed = self._closed(item.group_id)
+        if closed:
+            return self._count(closed, "route_chunk")
+        group = self._group_for(item.group_id, pos.timestamp_ms, now_ms)
+        if item.key in group.chunks:
+            return self._count(DUPLICATE, "route_chunk")
+        group.chunks[item.key] = item
+        self._admit(group, item.nbytes, pos, now_ms)
+        if group._missing_chunks is not None:
+            group._missing_chunks.discard(item.key)
+        self._check_complete(group)
+        return self._count(ADDED, "route_chunk")
 
     def _duplicate(self, difference: str | None, kind: str) -> str:
         """A second record under a held identity: DUPLICATE (same content), else CONFLICT
@@ -191,7 +219,13 @@ class PartitionBuffer:
         if read_to_end is None:
             return True
         return all(read_to_end.get(topic, -1) >= deadline_ms or self.stream_time.get(topic, -1) >= deadline_ms
-                   for topic in (self.receipts_topic, self.staged_topic))
+                   for topic in self.input_topics)
+
+    @property
+    def input_topics(self) -> tuple[str, ...]:
+        if self.routes_topic is None:
+            return (self.receipts_topic, self.staged_topic)
+        return (self.receipts_topic, self.staged_topic, self.routes_topic)
 
     def take_ready(self, now_ms: int, read_to_end: dict | None = None, *,
                    force_before_ms: int | None = None
@@ -219,6 +253,7 @@ class PartitionBuffer:
                 orphans.append(self._forget(group_id))
                 self.counts["orphan_groups_expired"] += 1
                 self.counts["orphan_staged_expired"] += len(group.staged)
+                self.counts["orphan_route_chunks_expired"] += len(group.chunks)
         return ready, orphans
 
     def next_deadline_ms(self) -> int | None:
@@ -228,9 +263,14 @@ class PartitionBuffer:
         return self._deadlines[0][0] if self._deadlines else None
 
     # -- publication -----------------------------------------------------------------------
-    def mark_published(self, group_id: str, now_ms: int) -> None:
+    def mark_published(self, group_id: str, now_ms: int) -> int:
+        """The group is published: forgotten, its id remembered. Returns how many of its route
+        chunks no reference named (a producer's retry, an abandoned call): dropped with it."""
         group = self._forget(group_id)
+        unreferenced = group.unreferenced_chunks() if group.chunks else 0
+        self.counts["route_chunk_unreferenced"] += unreferenced
         self.published[group_id] = Published(dict(group.max_offsets), now_ms)
+        return unreferenced
 
     def release(self, group_id: str) -> None:
         """Put an in-flight group back (its publication was aborted); it is retried."""
@@ -246,7 +286,7 @@ class PartitionBuffer:
         self.nbytes -= group.nbytes
         if group.spilled_bytes:
             self.spilled_bytes -= group.spilled_bytes
-            for item in group.staged.values():
+            for item in (*group.staged.values(), *group.chunks.values()):
                 if item.spilled:
                     self.spill.release(item.payload)
         self._complete.discard(group_id)
@@ -267,6 +307,26 @@ class PartitionBuffer:
         if ref is None:
             return False
         keep_digests(item)    # the duplicate check's view of it, without its bytes
+        freed = max(0, item.nbytes - keep)
+        item.payload, item.nbytes, item.spilled = ref, item.nbytes - freed, len(value)
+        group.nbytes -= freed
+        self.nbytes -= freed
+        group.spilled_bytes += len(value)
+        self.spilled_bytes += len(value)
+        return True
+
+    def spill_route_chunk(self, item: RouteChunkItem, value: bytes, keep: int) -> bool:
+        """Move an admitted route chunk's record to disk, as ``spill_staged`` does a staged
+        call's: it keeps ``keep`` bytes in memory (its ids). False when there is no store or it
+        is full."""
+        if self.spill is None or item.spilled:
+            return False
+        group = self.groups.get(item.group_id)
+        if group is None or group.chunks.get(item.key) is not item:
+            return False
+        ref = self.spill.put(value)
+        if ref is None:
+            return False
         freed = max(0, item.nbytes - keep)
         item.payload, item.nbytes, item.spilled = ref, item.nbytes - freed, len(value)
         group.nbytes -= freed

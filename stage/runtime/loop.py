@@ -51,7 +51,7 @@ from stage.runtime.kafka.probes import BrokerQueries
 from stage.runtime.kafka.registry import SchemaResolver, build_codecs
 from stage.runtime.kafka.startup import connect_admin, probe_device, register_output_schemas
 from stage.runtime.kafka.topics import PartitionWatch
-from stage.runtime.state.inputs import LEAD, alongside, input_topics
+from stage.runtime.state.inputs import LEAD, alongside, input_kinds, input_topics
 from stage.runtime.state.memory import Holdings
 from stage.runtime.state.partition import Partitions
 from stage.runtime.state.pauses import PauseSet, reasons_of
@@ -66,6 +66,7 @@ from stage.runtime.steps.loads import LedgerLoads
 from stage.runtime.steps.outcomes import Budget, Rewind
 from stage.runtime.steps.publication import Publication
 from stage.runtime.task.pools import make_workers
+from stage.runtime.task.finalize_task import stage_limits
 from stage.wire import OUTPUT_RECORDS
 
 logger = logging.getLogger(__name__)
@@ -84,10 +85,13 @@ class StageRuntime:
         self.clock = clock or SystemClock()
         self.stats = stats or RuntimeStats()
         self.stats.sink.configure(cfg)  # settings as gauges; alerted-on series created at 0
-        self.limits = limits
         self.codecs = build_codecs(cfg)
+        # the route topic and chunk cap of this stage: intake (which chunks a group waits for)
+        # and finalization check a call's routes_ref against the same bounds
+        self.limits = limits = stage_limits(limits, cfg.topics, self.codecs)
         self.dims_cache = RouteDimsCache()
-        self.topics = input_topics(cfg.topics)
+        self.kinds = input_kinds(cfg)      # the input table of this mode (direct routes: 3 inputs)
+        self.topics = input_topics(cfg.topics, self.kinds)
         self.clients = Clients()
         self.broker_health = BrokerHealth()   # told by the consumer's error callback
         self.partitions = Partitions()
@@ -118,7 +122,7 @@ class StageRuntime:
         self.intake = Intake(topics=cfg.topics, codecs=self.codecs, limits=self.limits,
                              keep_routes=cfg.finalize.direct_routes, partitions=parts,
                              resolver=self.resolver, clients=self.clients, stats=stats,
-                             transactional_id=cfg.effective_transactional_id)
+                             transactional_id=cfg.effective_transactional_id, kinds=self.kinds)
         self.deadlines = Deadlines(topics=self.topics, hold_max_ms=cfg.deadline_hold_max_ms,
                                    partitions=parts, clients=self.clients, stats=stats)
         self.finalization = Finalization(workers=self.pool, max_inflight=cfg.max_inflight_groups,
@@ -216,7 +220,7 @@ class StageRuntime:
         clients.consumer = Consumer(self._consumer_config())
         # The other inputs are assigned by hand (not subscribed): load their metadata now so
         # their partitions start fetching as soon as they are assigned.
-        for topic in alongside(cfg.topics):
+        for topic in alongside(cfg.topics, self.kinds):
             clients.consumer.list_topics(topic, timeout=10)
         clients.consumer.subscribe([LEAD.topic(cfg.topics)], on_assign=self._on_assign,
                                    on_revoke=self._on_revoke, on_lost=self._on_lost)

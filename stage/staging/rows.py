@@ -67,6 +67,9 @@ class StagedRow:
         if self.released_route_len is not None:
             raise KeyError("staged row's route payload was released at intake (this stage "
                            "keeps no route payloads: deferred router replay or none)")
+        if self.routes is None and self.route_ref is not None:
+            raise KeyError(f"staged row {self.staging_key}'s routes are staged by reference and were not "
+                           "joined from their chunks (direct router replay joins them at finalization)")
         if self.routes is None:
             raise KeyError("staged row metadata names routed_experts but its field is absent")
         # views, no copy: staged arrays are read-only views of the wire buffer, which the

@@ -22,11 +22,13 @@ TOPIC_RECORDS: dict[str, str | None] = {
 INPUT_LEDGER_FIELDS: dict[str, str] = {
     "receipts": "max_receipt_offset",
     "staged_calls": "max_staged_offset",
+    # Read by the stage in direct router replay only (-1 in every other mode's entries).
+    "staged_routes": "max_route_offset",
 }
 INPUT_ROLES: tuple[str, ...] = tuple(INPUT_LEDGER_FIELDS)
-# Topics producers write: the input roles, and the route chunks the staged calls reference
-# (read by the trainer's route fetcher, and by the stage in direct mode only).
-PRODUCED_ROLES: tuple[str, ...] = (*INPUT_ROLES, "staged_routes")
+# Topics producers write: the input roles (the route chunks the staged calls reference are read
+# by the trainer's route fetcher, and by the stage in direct mode only).
+PRODUCED_ROLES: tuple[str, ...] = INPUT_ROLES
 # The records the stage publishes (their schemas are registered at start).
 OUTPUT_RECORDS: tuple[str, ...] = tuple(
     record for role, record in TOPIC_RECORDS.items() if record and role not in PRODUCED_ROLES)

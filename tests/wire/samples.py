@@ -99,7 +99,7 @@ def group_summary() -> dict:
 def ledger_entry() -> dict:
     return {"group_id": GROUP_ID, "partition": 3, "max_receipt_offset": 1_204,
             "max_staged_offset": -1, "outcome": "complete", "published_at_ms": 1_764_410_030_001,
-            "output_digest": DIGEST}
+            "output_digest": DIGEST, "max_route_offset": 5_310}
 
 
 # (schema, case id, builder): every schema at least once, optional parts both ways.

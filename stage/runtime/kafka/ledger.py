@@ -125,7 +125,8 @@ def _apply(state: LedgerState, msg, codec) -> None:
     if key == DEAD_LETTER_WATERMARK_KEY:
         if msg.value() is not None:
             entry = codec.decode(msg.value())
-            state.dead_letter_offsets = {role: entry[field] for role, field in INPUT_LEDGER_FIELDS.items()}
+            # an entry from before a role had its field (max_route_offset): -1
+            state.dead_letter_offsets = {role: entry.get(field, -1) for role, field in INPUT_LEDGER_FIELDS.items()}
         return
     group_id = key.decode("utf-8", "replace")
     if msg.value() is None:

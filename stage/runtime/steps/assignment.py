@@ -18,7 +18,7 @@ import time
 from confluent_kafka import KafkaException, TopicPartition
 
 from stage.runtime import exits
-from stage.runtime.state.inputs import alongside, input_topics
+from stage.runtime.state.inputs import alongside, input_kinds, input_topics
 
 logger = logging.getLogger("stage.runtime.loop")
 
@@ -26,8 +26,9 @@ logger = logging.getLogger("stage.runtime.loop")
 class Assignment:
     def __init__(self, cfg, *, partitions, clients, stats) -> None:
         self.cfg = cfg
-        self.topics = input_topics(cfg.topics)
-        self.alongside = alongside(cfg.topics)
+        kinds = input_kinds(cfg)
+        self.topics = input_topics(cfg.topics, kinds)
+        self.alongside = alongside(cfg.topics, kinds)
         self.partitions = partitions
         self.clients = clients                   # consumer and probe, read at call time
         self.stats = stats

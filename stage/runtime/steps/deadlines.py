@@ -90,6 +90,10 @@ class Deadlines:
             if orphans:
                 self.stats.inc("orphan_groups_expired", len(orphans))
                 self.stats.inc("orphan_staged_expired", sum(len(g.staged) for g in orphans))
+                chunks = sum(len(g.chunks) for g in orphans)
+                if chunks:   # direct router replay: route chunks of groups no receipt named
+                    self.stats.inc("records_skipped", chunks, topic=state.buffer.routes_topic,
+                                   reason="orphan_expired")
                 moved.add(partition)
             self._note_held(state, held, newly_held, released)
         for state in self.partitions:   # halted or loading: nothing of theirs is due

@@ -5,7 +5,7 @@ Owns: which topic-partitions were put back during the current consume batch, and
 partition count records are routed by (checked at start). Hands on: the dead letters it makes
 and the partitions whose offsets moved with no output (skipped records: ``batch`` returns
 both, for the publication step). Writes, of the record's partition: its
-buffer (adds; a staged call admitted over the memory cap is spilled to disk there) and its
+buffer (adds; a staged call or route chunk admitted over the memory cap is spilled to disk there) and its
 dead-letter marks (through ``DeadLetterMarks.mark``). Uses: the input table
 (stage.runtime.state.inputs), the codecs, the input limits, the consumer and the probe (a put
 back record is sought back, and its partition's end-offset answer invalidated), the schema
@@ -31,7 +31,7 @@ from stage.publish.deadletters import (
 from dataclasses import dataclass, field
 
 from stage.runtime import exits
-from stage.runtime.state.inputs import by_topic
+from stage.runtime.state.inputs import INPUTS, by_topic
 from stage.runtime.steps.outcomes import Budget, Rewind
 from stage.wire import SchemaNotCached, WireError
 
@@ -51,8 +51,8 @@ class Taken:
 
 class Intake:
     def __init__(self, *, topics, codecs, limits, keep_routes, partitions, resolver, clients,
-                 stats, transactional_id: str = "") -> None:
-        self.kinds = by_topic(topics)           # input topic -> its InputKind
+                 stats, transactional_id: str = "", kinds=INPUTS) -> None:
+        self.kinds = by_topic(topics, kinds)    # input topic -> its InputKind (the mode's table)
         self.codecs = codecs
         self.limits = limits
         self.keep_routes = keep_routes          # direct router replay reads route payloads
@@ -124,7 +124,7 @@ class Intake:
         if outcome == ADDED:
             # Over the cap the input cannot always be paused (stage.runtime.steps.backpressure):
             # a record that would pass it goes to disk where its kind allows, its small fields stay.
-            if kind.spills and self._room < item.nbytes and buffer.spill_staged(item, value, SPILLED_ITEM_BYTES):
+            if kind.spills and self._room < item.nbytes and kind.spill(buffer, item, value):
                 self.stats.inc("records_spilled")
             self._room -= item.nbytes
         letter = None

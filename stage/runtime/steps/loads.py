@@ -16,7 +16,7 @@ import logging
 from stage.buffer import PartitionBuffer
 from stage.buffer.spill import SpillStore
 from stage.runtime.kafka.ledger import LoadCancelled, load_ledger
-from stage.runtime.state.inputs import INPUTS
+from stage.runtime.state.inputs import STAGED_ROUTES, input_kinds
 from stage.runtime.state.partition import DeadLetterMarks
 
 logger = logging.getLogger("stage.runtime.loop")
@@ -46,7 +46,7 @@ class LedgerLoads:
         state.epoch = epoch = self.partitions.next_epoch()
         state.close()
         if self.clients.start_offsets is not None:
-            for kind in INPUTS:
+            for kind in input_kinds(self.cfg):
                 self.clients.start_offsets.forget(kind.topic(self.cfg.topics), partition)
 
         def stopped() -> bool:
@@ -81,7 +81,7 @@ class LedgerLoads:
         return ready
 
     def _loaded(self, state, ledger) -> None:
-        topics = self.cfg.topics
+        topics, kinds = self.cfg.topics, input_kinds(self.cfg)
         spill = None
         if self.spill_root is not None:
             spill = SpillStore(self.spill_root / f"partition-{state.number}-epoch-{state.epoch}",
@@ -89,12 +89,14 @@ class LedgerLoads:
         buffer = PartitionBuffer(state.number, receipts_topic=topics.receipts,
                                  staged_topic=topics.staged_calls,
                                  group_timeout_ms=self.cfg.group_timeout_ms,
-                                 late_retention_ms=self.cfg.late_retention_ms, spill=spill)
+                                 late_retention_ms=self.cfg.late_retention_ms, spill=spill,
+                                 routes_topic=topics.staged_routes if STAGED_ROUTES in kinds else None)
         for group_id, entry in ledger.groups.items():
-            buffer.load_published(group_id, {kind.topic(topics): entry[kind.ledger_field] for kind in INPUTS},
-                                  entry["published_at_ms"])
+            # an entry written before the route input existed has no max_route_offset: -1
+            buffer.load_published(group_id, {kind.topic(topics): entry.get(kind.ledger_field, -1)
+                                             for kind in kinds}, entry["published_at_ms"])
         state.buffer = buffer
         state.dead_letter_marks = DeadLetterMarks({
-            kind.topic(topics): ledger.dead_letter_offsets.get(kind.role, -1) for kind in INPUTS})
+            kind.topic(topics): ledger.dead_letter_offsets.get(kind.role, -1) for kind in kinds})
         logger.info("partition %d ready: %d published groups in its ledger, dead letters up to "
                     "offsets %s", state.number, len(ledger.groups), ledger.dead_letter_offsets or "none")

@@ -22,7 +22,7 @@ from confluent_kafka import TopicPartition
 from stage.publish import Batch, PublishAborted, StageFatal
 from stage.publish.deadletters import DEAD_LETTER_WATERMARK_KEY, DeadLetter, watermark_entry
 from stage.runtime import exits
-from stage.runtime.state.inputs import INPUTS
+from stage.runtime.state.inputs import input_kinds
 from stage.runtime.state.queue import PartitionQueue
 from stage.runtime.steps.outcomes import Rewind
 
@@ -40,6 +40,7 @@ class Publication:
     def __init__(self, cfg, *, flight, ledger_codec, clock, partitions, stats) -> None:
         self.cfg = cfg
         self.topics = cfg.topics
+        self.kinds = input_kinds(cfg)          # the input table of this mode
         self.flight = flight
         self.ledger_codec = ledger_codec
         self.clock = clock
@@ -177,7 +178,7 @@ class Publication:
         now = self.clock.now_ms()
         out = []
         for p, marks in sorted(latest.items()):
-            entry = watermark_entry(p, {kind.role: marks.get(kind.topic(self.topics), -1) for kind in INPUTS}, now)
+            entry = watermark_entry(p, {kind.role: marks.get(kind.topic(self.topics), -1) for kind in self.kinds}, now)
             out.append((self.topics.stage_ledger, p, DEAD_LETTER_WATERMARK_KEY,
                         self.ledger_codec.encode(entry), None))
         return out
@@ -203,7 +204,10 @@ class Publication:
         for out in outputs:
             state = self.partitions.get(out.partition)
             if state is not None and state.buffer is not None and out.group_id in state.buffer.groups:
-                state.buffer.mark_published(out.group_id, now)
+                unreferenced = state.buffer.mark_published(out.group_id, now)
+                if unreferenced:   # route chunks no staged call named, dropped with their group
+                    self.stats.inc("records_skipped", unreferenced, topic=self.topics.staged_routes,
+                                   reason="unreferenced")
             self.stats.inc("groups_published", outcome=out.outcome)
             self.stats.inc("rows_published", out.valid_rows, valid="true")
             self.stats.inc("rows_published", out.total_rows - out.valid_rows, valid="false")
@@ -226,7 +230,7 @@ class Publication:
         offsets = []
         for state in self.partitions.loaded():
             excluding = {group_id for p, group_id in publishing if p == state.number}
-            for kind in INPUTS:
+            for kind in self.kinds:
                 topic = kind.topic(self.topics)
                 candidate = state.buffer.committable(topic, state.committed.get(topic), excluding=excluding)
                 if candidate is not None:

@@ -20,7 +20,7 @@ from stage.publish.outputs import Outputs, encode_group, encode_rows
 from stage.publish.records import GroupContext, RowTooLarge
 from stage.routes import RouteDimsCache
 from stage.wire import pack_tensor
-from stage.runtime.task.source import BufferTokenSource, spilled_loader
+from stage.runtime.task.source import BufferTokenSource, RouteChunks, chunk_loader, spilled_loader
 
 logger = logging.getLogger(__name__)
 
@@ -100,9 +100,13 @@ def _finalize_into(out: Outputs, group: GroupState, why: str, *, config, dims_ca
     receipts = [group.receipts.get(i) for i in range(n)]
     fields = group.fields   # group-level: the first receipt's (the buffer refused contradictions)
     rollout_ids = [r.rollout_id if r else f"{group.group_id}_g{i}" for i, r in enumerate(receipts)]
+    routes = None
+    if config.direct_routes:   # the route chunks are an input: by-reference rows join theirs
+        routes = RouteChunks(group.chunks, group_id=group.group_id, topic=topics.staged_routes,
+                             partition=group.partition, load=chunk_loader(codecs.get("RouteChunk")))
     source = BufferTokenSource(group.staged, partition_name=topics.staged_calls, limits=limits,
                                load=spilled_loader(codecs.get("StagedCall"), keep_routes=config.direct_routes,
-                                                   limits=limits))
+                                                   limits=limits), routes=routes)
     finalizer = GroupFinalizer(source, config, dims_cache)
 
     def finalize(rejected):

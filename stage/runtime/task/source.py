@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from stage.buffer import StagedItem
 from stage.decode import InputLimits, release_routes, staged_row
+from stage.decode.route_chunks import join_route_chunks
 from stage.decode.staged_batch import staged_rows
 from stage.finalize import FetchedStagedCall
 from stage.staging import StagedMedia, StagedRow
@@ -22,12 +23,14 @@ class BufferTokenSource:
     validates_snapshots = True
 
     def __init__(self, staged: dict[str, StagedItem], *, partition_name: str,
-                 limits: InputLimits = InputLimits(), load=None) -> None:
+                 limits: InputLimits = InputLimits(), load=None, routes=None) -> None:
         self.staged = staged
         self.partition_name = partition_name
         self.limits = limits
         self.load = load             # (SpilledRecord) -> the decoded record dict
+        self.routes = routes         # RouteChunks (direct router replay), else None
         self._rows: dict[str, StagedRow] = {}
+        self._failed: dict[str, Exception] = {}   # joins that failed in a batch, raised in key order
 
     def _payload(self, item: StagedItem):
         if item.spilled and self.load is not None:
@@ -37,23 +40,39 @@ class BufferTokenSource:
     def _row(self, key: str) -> StagedRow | None:
         if key in self._rows:
             return self._rows[key]
+        if key in self._failed:
+            raise self._failed[key]
         item = self.staged.get(key)
         if item is None:
             return None
-        row = staged_row(self._payload(item), self.limits,  # ValueError -> invalid_staging_row
-                         partition=item.position.partition)
+        payload = self._payload(item)
+        row = self._joined(staged_row(payload, self.limits,  # ValueError -> invalid_staging_row
+                                      partition=item.position.partition), payload)
         self._rows[key] = row
         return row
+
+    def _joined(self, row: StagedRow, record: dict) -> StagedRow:
+        """Direct router replay: a row staged by reference gets its routes from its chunks
+        (KeyError: a chunk was not read; ValueError: one is not what the reference says)."""
+        if self.routes is None:
+            return row
+        return self.routes.join(row)
 
     def _convert_together(self, keys) -> None:
         todo = [k for k in keys if k not in self._rows and k in self.staged]
         if len(todo) < 2:
             return
         items = [self.staged[k] for k in todo]
-        for key, row in zip(todo, staged_rows([self._payload(i) for i in items], self.limits,
-                                              partitions=[i.position.partition for i in items])):
-            if row is not None:
-                self._rows[key] = row
+        payloads = [self._payload(i) for i in items]
+        for key, row, payload in zip(todo, staged_rows(payloads, self.limits,
+                                                       partitions=[i.position.partition for i in items]),
+                                     payloads):
+            if row is None:
+                continue
+            try:
+                self._rows[key] = self._joined(row, payload)
+            except (KeyError, TypeError, ValueError) as error:   # raised when its key is fetched
+                self._failed[key] = error
 
     def fetch_for_finalization(self, staging_keys, *, include_route_fragments=False,
                                include_topk=False) -> list[FetchedStagedCall]:
@@ -79,6 +98,28 @@ class BufferTokenSource:
                 raise KeyError(f"staged media missing for {key}")
             out.append(row.media)
         return out
+
+
+class RouteChunks:
+    """A group's buffered route chunks (direct router replay) and where they were read from;
+    ``load`` reads a spilled chunk back (stage.buffer.spill)."""
+
+    def __init__(self, chunks: dict, *, group_id: str, topic: str, partition: int, load=None) -> None:
+        self.chunks, self.group_id, self.topic, self.partition = chunks, group_id, topic, partition
+        self.load = load
+
+    def join(self, row: StagedRow) -> StagedRow:
+        return join_route_chunks(row, self.chunks, group_id=self.group_id, topic=self.topic,
+                                 partition=self.partition, load=self.load)
+
+
+def chunk_loader(codec):
+    """Read a spilled RouteChunk back and decode it (``codec``: the RouteChunk codec)."""
+    def load(ref):
+        if codec is None:
+            raise ValueError("a spilled route chunk, and no RouteChunk codec to read it")
+        return codec.decode(ref.read())
+    return load
 
 
 def spilled_loader(codec, *, keep_routes: bool, limits: InputLimits = InputLimits()):
