@@ -200,8 +200,8 @@ def test_a_conflicting_chunk_at_a_referenced_offset_rejects_its_rollout(changes,
 
 
 @pytest.mark.parametrize("where, named", [
-    ({"partition": 1}, f"{TOPICS.staged_routes}[1]"),
-    ({"topic": "elsewhere.routes"}, "elsewhere.routes[0]"),
+    ({"partition": 1}, "names partition 1, the staged call is in partition 0"),
+    ({"topic": "elsewhere.routes"}, "names topic 'elsewhere.routes'"),
 ], ids=["other-partition", "other-topic"])
 def test_a_reference_to_chunks_this_partition_never_reads_rejects_its_rollout_without_waiting(where, named):
     traffic = Traffic()
