@@ -31,7 +31,7 @@ from stage.config.sources import (
 )
 from stage.config.topics import TopicNames
 from stage.config.types import ClientValue, ConfigModel, Int, conflict
-from stage.wire.codec import DEFAULT_MAX_RECORD_BYTES
+from stage.config.sizes import DEFAULT_MAX_RECORD_BYTES
 
 __all__ = ["AT_LEAST_ONCE", "ENV_PREFIX", "EXACTLY_ONCE", "NOT_SETTINGS", "ConfigError", "StageConfig",
            "load_config"]

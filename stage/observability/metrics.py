@@ -103,7 +103,9 @@ CONFIG_GAUGES = {
 
 def value_sets(cfg) -> dict[str, tuple]:
     """The label value sets INITIAL_LABELS names, for this configuration."""
-    return {INPUT_TOPICS: tuple(getattr(cfg.topics, role) for role in INPUT_ROLES)}
+    # the route topic is an input of direct router replay only
+    roles = [role for role in INPUT_ROLES if role != "staged_routes" or cfg.finalize.direct_routes]
+    return {INPUT_TOPICS: tuple(getattr(cfg.topics, role) for role in roles)}
 
 
 def label_combinations(labels: dict, sets: dict[str, tuple]) -> list[dict[str, str]]:

@@ -31,25 +31,14 @@ from .errors import RegistryError, SchemaNotCached, WireError
 from .guard import find_error, int_range_checker, named_types
 from .schemas import schema, schema_json
 from .writers import writer_encoding
+from stage.config.sizes import DEFAULT_MAX_RECORD_BYTES, MANAGED_MAX_MESSAGE_BYTES, RECORD_HEADROOM_BYTES  # noqa: F401 - re-exported
 
 MAGIC = 0  # Confluent wire format v0: magic byte 0x00 + 4-byte big-endian schema id
 HEADER_BYTES = 5
-# Default byte caps. One cap for every record the project writes, sized for managed Kafka: a
-# record batch there may be at most 8,388,608 bytes (8 MiB: the largest topic max.message.bytes
-# Confluent Cloud accepts on Basic, Standard and Enterprise clusters, and what `topics create`
-# sets by default). 8,000,000 bytes of value leave 388,608 bytes for everything else in the
-# batch: the key (a group id, at most 4,096 characters: 16 KiB of UTF-8), a dead letter's
-# headers (~4.2 kB) and the batch framing (61 bytes + a few a record); RECORD_HEADROOM_BYTES is
-# the least a topic must allow above the cap. Larger values travel in pieces under the cap:
-# routes in RouteChunk records (DEFAULT_ROUTE_CHUNK_BYTES), canonical rows in row parts.
-# A self-run broker may raise it (max_record_bytes, with the topics' max.message.bytes).
-# Records without tensors are arrays of small items, which inflate up to ~65x when decoded into
-# Python objects (measured: 900 kB of 3-byte RowRejection items -> 58 MB): their default is the
-# same cap, and a receipt keeps it whatever max_record_bytes says (a 10,000-call receipt is
-# ~3.5 MB).
-DEFAULT_MAX_RECORD_BYTES = 8_000_000
-RECORD_HEADROOM_BYTES = 64 << 10
-MANAGED_MAX_MESSAGE_BYTES = 8 << 20
+# Default byte caps: stage.config.sizes says why these numbers. Records without tensors are
+# arrays of small items, which inflate up to ~65x when decoded into Python objects (measured:
+# 900 kB of 3-byte RowRejection items -> 58 MB): their default is the same cap, and a receipt
+# keeps it whatever max_record_bytes says (a 10,000-call receipt is ~3.5 MB).
 SMALL_RECORD_MAX_BYTES = DEFAULT_MAX_RECORD_BYTES
 _TENSOR_RECORDS = frozenset(("StagedCall", "CanonicalRow", "PackedTensor", "RouteChunk"))
 # A kind's own cap, whatever max_record_bytes the codec is given (the runtime gives every codec

@@ -104,3 +104,16 @@ def test_memory_limit_comes_from_the_cgroup(tmp_path, files, limit):
     (family,) = CgroupMemoryLimit(paths).collect()
     assert family.name == "rollout_reassembler_memory_limit_bytes"
     assert [s.value for s in family.samples] == ([] if limit is None else [limit])
+
+
+def test_the_route_topic_gets_its_series_only_where_the_stage_reads_it():
+    """Direct router replay reads the route topic (a third input): its alerted series start at 0
+    there, and nowhere else (a deferred stage never reads it)."""
+    p = "rollout_reassembler_"
+    for direct, expected in ((True, 0), (False, None)):
+        sink = PrometheusSink()
+        sink.configure(StageConfig(finalize={"router_replay": True, "defer_routes": not direct,
+                                             "route_layers": 48, "route_topk": 8}))
+        found = samples(sink.registry)
+        assert value(found, p + "records_consumed_total", topic=TopicNames().staged_routes) == expected
+        assert value(found, p + "records_consumed_total", topic=TopicNames().staged_calls) == 0
