@@ -11,14 +11,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
 
 from stage.client import DeliveryError, RolloutStager, StagingProducer
 from stage.contract import compute_extras_digest, encode_routed_experts
-from stage.runtime.kafka.topics import create_topics
 from stage.staging.route_refs import RouteReference, check_chunk, join_chunks
 from stage.wire import AvroCodec
-from tests.integration.harness import ONE_BROKER, read_all, setup_topics, stage_config, unique_topics
+from tests.integration.harness import read_all, setup_topics, stage_config, unique_topics
 
 STAGED, CHUNKS = AvroCodec("StagedCall"), AvroCodec("RouteChunk")
 L, K = 48, 8
@@ -103,9 +102,13 @@ def test_a_chunk_the_broker_refuses_leaves_no_staged_call_and_flush_names_it(kaf
     topics = unique_topics()
     cfg = stage_config(kafka.bootstrap, topics)
     config = {}
-    if how == "record too large":      # every topic takes 30 kB records: a call fits, a 40 kB chunk does not
-        create_topics(AdminClient({"bootstrap.servers": kafka.bootstrap}), cfg, partitions=2,
-                      max_message_bytes=30_000, **ONE_BROKER)
+    if how == "record too large":      # the route topic takes 30 kB records: a 40 kB chunk does not fit
+        setup_topics(cfg, partitions=2)
+        admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
+        resource = ConfigResource(ConfigResource.Type.TOPIC, topics.staged_routes, incremental_configs=[
+            ConfigEntry("max.message.bytes", "30000", incremental_operation=AlterConfigOpType.SET)])
+        for future in admin.incremental_alter_configs([resource]).values():
+            future.result(30)
     else:                              # the brokers do not create topics on first use
         setup_topics(cfg, partitions=2)
         topics = topics.model_copy(update={"staged_routes": f"{topics.staged_routes}-absent"})

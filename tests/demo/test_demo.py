@@ -124,7 +124,9 @@ def test_produce_only_feeds_the_standard_topic_layout_for_a_stage_running_elsewh
         (g, i) for g in {r["group_id"] for r in receipts} for i in range(2))
     assert len({r["group_id"] for r in receipts}) == 3
     staged = read_all(tansu.bootstrap, topics.staged_calls, timeout=10)
-    assert len(staged) + 6 == report["input_records"]
+    chunks = read_all(tansu.bootstrap, topics.staged_routes, timeout=10)    # routes by reference
+    assert chunks and all(s.value() for s in staged)
+    assert len(staged) + len(chunks) + 6 == report["input_records"]
 
 
 def test_a_scaled_down_frontier_demo_on_the_real_broker(kafka):
