@@ -51,6 +51,17 @@ _KIND_CAPS = {"ReceiptEvent": SMALL_RECORD_MAX_BYTES}
 INPUT_RECORDS = frozenset(("StagedCall", "ReceiptEvent", "RouteChunk"))
 
 
+# Fields appended to a record since the previous release (each with a default). Plain framing
+# has no writer schema to resolve: a record written by the previous release is this record's
+# bytes minus these trailing fields, so it is read as written by our schema without them (the
+# fields take their defaults) when it does not decode as ours. Registry framing needs none of
+# this: the writer's schema id says which version wrote it.
+PLAIN_PREVIOUS_FIELDS: dict[str, tuple[str, ...]] = {
+    "StagedCall": ("routes_ref",),
+    "LedgerEntry": ("max_route_offset",),
+}
+
+
 _MISSING_ID_TTL_S = 30.0  # re-ask the registry about an unknown id after this long
 _MISSING_ID_CACHE = 1024  # bound: garbage input can name 2^32 different ids
 
@@ -104,6 +115,9 @@ class AvroCodec:
             budget = schema_name in INPUT_RECORDS
         # The walk of our own schema (None: decoded without one); writers' walks by schema id.
         self.decode_budget = DecodeBudget(self.schema, schema_name) if budget else None
+        self._previous = _previous_writer(schema_name)
+        self._previous_budget = (DecodeBudget(self._previous, schema_name)
+                                 if budget and self._previous is not None else None)
         self._writer_budgets: dict[int, DecodeBudget] = {}  # schema id -> its writer's walk
         self._header: bytes | None = None  # our own id, resolved on first encode
         # schema id -> parsed writer schema, None (reads as ours), or the WireError refusing it
@@ -204,7 +218,14 @@ class AvroCodec:
             if writer is not None and budget is not None:
                 budget = self._writer_budgets[schema_id]
         if budget is not None:
-            budget.check(data, start, size)
+            try:
+                budget.check(data, start, size)
+            except WireError:
+                # plain framing: a record of the previous release ends early for this walk
+                if writer is not None or self._previous is None:
+                    raise
+                self._previous_budget.check(data, start, size)
+                writer = self._previous
         buf = io.BytesIO(data)
         buf.seek(start)
         try:
@@ -213,8 +234,11 @@ class AvroCodec:
             else:  # resolve the writer's schema against ours: added fields take defaults
                 record = schemaless_reader(buf, writer, self.schema)
         except Exception as e:  # EOFError, IndexError, UnicodeDecodeError, resolution errors...
-            raise WireError(f"cannot decode {self.schema_name}: {type(e).__name__}: "
-                            f"{str(e)[:200]}") from None
+            record = self._as_previous(data, start, size, e) if writer is None else None
+            if record is None:
+                raise WireError(f"cannot decode {self.schema_name}: {type(e).__name__}: "
+                                f"{str(e)[:200]}") from None
+            buf.seek(size)
         if buf.tell() != size:
             raise WireError(f"{self.schema_name}: {size - buf.tell()} trailing bytes after the record")
         bad = self._check_ints(record)
@@ -222,6 +246,19 @@ class AvroCodec:
             raise WireError(f"{bad[1]} does not fit the int (32-bit) field",
                             field=f"{self.schema_name}{bad[0]}")
         return record
+
+    def _as_previous(self, data, start: int, size: int, error: Exception) -> dict | None:
+        """A plain record of the previous release (PLAIN_PREVIOUS_FIELDS), or None. Only a
+        record that ended early can be one: it must then decode to its last byte."""
+        if self._previous is None or not isinstance(error, EOFError):
+            return None
+        buf = io.BytesIO(data)
+        buf.seek(start)
+        try:
+            record = schemaless_reader(buf, self._previous, self.schema)
+        except Exception:
+            return None
+        return record if buf.tell() == size else None
 
     def schema_id_of(self, data: bytes) -> int | None:
         """The schema id in a Confluent-framed record's header (None if it has none)."""
@@ -364,3 +401,18 @@ def _zigzag_long(value: int) -> bytes:
         n >>= 7
     out.append(n)
     return bytes(out)
+
+
+def _previous_writer(schema_name: str):
+    """Our schema without the fields appended since the previous release (parsed), or None."""
+    added = PLAIN_PREVIOUS_FIELDS.get(schema_name)
+    if not added:
+        return None
+    import json
+    from fastavro import parse_schema
+    doc = json.loads(schema_json(schema_name))
+    names = [f["name"] for f in doc["fields"]]
+    if tuple(names[-len(added):]) != added:
+        raise WireError(f"{schema_name}: PLAIN_PREVIOUS_FIELDS {added} are not its last fields")
+    doc["fields"] = doc["fields"][:-len(added)]
+    return parse_schema(doc, named_schemas={})

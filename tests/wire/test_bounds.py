@@ -139,8 +139,13 @@ def test_walk_refuses_only_what_fastavro_refuses(case, where, insert, delete):
         codec.decode_budget.check(data, 0, len(data))
     except WireError as e:
         if any(s in str(e) for s in STRUCTURAL):
-            with pytest.raises(WireError):
+            try:
                 AvroCodec(name, budget=False).decode(data)
+            except WireError:
+                return
+            # decoded only as a record of the previous release (PLAIN_PREVIOUS_FIELDS), which
+            # its own walk accepts
+            codec._previous_budget.check(data, 0, len(data))
         return
     try:
         AvroCodec(name, budget=False).decode(data)
