@@ -33,7 +33,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --upgrade --quiet pip
 	# pip's download cache (~/.cache/pip) keeps torch's multi-GB wheels across runs.
-	$(PY) -m pip install --quiet -e '.[test,demo]'
+	$(PY) -m pip install --quiet --retries 10 --resume-retries 50 -e '.[test,demo]'
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 

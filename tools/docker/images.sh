@@ -100,7 +100,10 @@ wheelhouse() {
 import sys, tomllib
 print("\n".join(tomllib.load(open(sys.argv[1], "rb"))["project"]["dependencies"]))
 PYTHON
+    # torch's CUDA wheels are GBs: a connection dropped mid-wheel resumes where it stopped
+    # (pip's default, 5 resumes, ran out once here) rather than failing the whole suite
     env -u PIP_FIND_LINKS "$PY" -m pip download --quiet --dest "$WHEELHOUSE" --only-binary=:all: \
+        --retries 10 --resume-retries 50 \
         -c "$ROOT/constraints.txt" -r "$WHEELHOUSE/requirements.txt" "setuptools>=77" >&2
     rm -f "$WHEELHOUSE"/.complete-* && touch "$stamp"
 }
