@@ -55,5 +55,6 @@ def test_jvm_broker_logs_at_info():
     try:
         log = broker.log_tail(5000)
     finally:
-        broker.stop()
+        broker.discard()
     assert " INFO " in log and "(kafka.server." in log, log[-2000:]
+    assert not broker.dir.exists()     # its data and logs went with it (GBs after a benchmark)

@@ -243,7 +243,7 @@ def run(*, bootstrap: str | None = None, profile: str = "default", as_json: bool
             fetcher.close()
     finally:
         if broker is not None:
-            broker.stop()
+            broker.discard()
     print(json.dumps(report, indent=2) if as_json else render(report))
     return report
 

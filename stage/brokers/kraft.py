@@ -102,6 +102,7 @@ class KraftBroker:
                  controller_port: int | None = None, voters: str | None = None,
                  props: dict | None = None, heap: str = "1g", jars: Path | None = None) -> None:
         self.dir = Path(workdir or tempfile.mkdtemp(prefix="kraft-"))
+        self._owned = workdir is None      # a directory of its own: discard() removes it
         self.jars = JARS if jars is None else Path(jars)
         self.port = port or free_port()
         self.controller_port = controller_port or free_port()
@@ -203,6 +204,14 @@ class KraftBroker:
             self.proc.kill()
             self.proc.wait()
 
+    def discard(self) -> None:
+        """Stop, and remove the directory it made for itself (its logs hold every record
+        written: a benchmark's broker leaves GBs in /tmp otherwise). A directory it was given
+        is the caller's and stays."""
+        self.stop()
+        if self._owned:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
 
 class KraftCluster:
     """Several combined broker+controller nodes on loopback, one KRaft quorum: replication 3
@@ -302,3 +311,8 @@ class KraftCluster:
     def stop(self) -> None:
         for node in self.nodes:
             node.stop()
+
+    def discard(self) -> None:
+        """Stop every node and remove the cluster's directory."""
+        self.stop()
+        shutil.rmtree(self.root, ignore_errors=True)

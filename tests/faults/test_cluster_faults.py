@@ -39,7 +39,7 @@ def cluster():
     nodes = KraftCluster(3).start()
     print(f"3-broker KRaft cluster at {nodes.bootstrap}")
     yield nodes
-    nodes.stop()
+    nodes.discard()
 
 
 def _topics(cluster, **overrides):

@@ -82,4 +82,4 @@ def test_a_rolling_restart_of_every_broker_loses_and_duplicates_nothing(tmp_path
             watcher.close()
         if stage is not None:
             stage.close()
-        cluster.stop()
+        cluster.discard()
