@@ -35,6 +35,15 @@ def add_parsers(commands) -> None:
                           "frontier 40)")
     e2e.add_argument("--routes", choices=("off", "direct", "deferred"), default="off",
                      help="the stage's router replay (off: routes, if staged, are not read)")
+    e2e.add_argument("--route-staging", choices=("by-reference", "inline"), default="by-reference",
+                     help="how the producers stage routes: by-reference (route chunks on the route topic, "
+                          "the staged calls naming them; every record within the default record cap) or "
+                          "inline (inside the staged calls, as producers before routes by reference)")
+    e2e.add_argument("--group-size", type=at_least(1),
+                     help="rollouts per group of a profile (default: the profile's)")
+    e2e.add_argument("--no-anchor", action="store_true",
+                     help="skip the anchor stage run (deferred: the same groups without routes; direct by "
+                          "reference: the same groups with routes inline)")
     e2e.add_argument("--latency-seconds", type=positive_float, default=10.0,
                      help="length of the latency phase")
     e2e.add_argument("--finalize-pool", choices=("thread", "process"), default="thread",
@@ -110,7 +119,8 @@ def main(args) -> int:
         report = run_e2e(bootstrap=args.bootstrap_servers, groups=args.groups, tokens=args.tokens,
                          layers=args.layers, latency_seconds=args.latency_seconds, as_json=args.json,
                          profile=args.profile, routes=args.routes, pool=args.finalize_pool,
-                         workers=args.finalize_workers)
+                         workers=args.finalize_workers, route_staging=args.route_staging,
+                         group_size=args.group_size, anchor=not args.no_anchor)
         return 0 if report["meets_targets"] else 1
     if args.bench == "finalize":
         _torch_threads(args.torch_threads)
