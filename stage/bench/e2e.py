@@ -492,7 +492,7 @@ def _run(bootstrap, groups, n, calls, tokens, layers, topk, partitions, latency_
     if route_staging == "by-reference":
         inputs = by_reference(inputs)
     records = sum(len(r) for _, r in inputs)
-    nbytes = _fill(writers["passthrough"], inputs)
+    _fill(writers["passthrough"], inputs)
     _fill(writers["stage"], inputs)
     del inputs
     if kind == "no-routes":  # the same groups generated without routes
@@ -508,6 +508,7 @@ def _run(bootstrap, groups, n, calls, tokens, layers, topk, partitions, latency_
         [sets["stage"].staged_routes] if routes == "direct" else [])
     pass_records = sum(writers["passthrough"].records.get(t.replace("stage", "passthrough", 1), 0)
                        for t in read_by_stage)
+    stage_reads = sum(written.nbytes.get(t, 0) for t in read_by_stage)   # what its topics hold
     passthrough_s = run_passthrough(bootstrap, sets["passthrough"], pass_records, max_record_bytes=record_cap,
                                     routes=routes == "direct")
     stage_s, fetched = run_stage(_config(bootstrap, sets["stage"], routes, record_cap), groups)
@@ -531,13 +532,13 @@ def _run(bootstrap, groups, n, calls, tokens, layers, topk, partitions, latency_
         "benchmark": "e2e", "broker": broker_kind, "partitions": partitions, "profile": profile,
         "profile_line": line, "routes": routes, "route_staging": route_staging, "record_cap": record_cap,
         "load_before": load_before,
-        "workload": {"groups": groups, "rollouts_per_group": n, "input_records": records, "input_bytes": nbytes,
-                     "canonical_tokens": canonical_tokens},
+        "workload": {"groups": groups, "rollouts_per_group": n, "input_records": records,
+                     "input_bytes": stage_reads, "canonical_tokens": canonical_tokens},
         "written": {"records": dict(written.records), "bytes": dict(written.nbytes),
                     "total_bytes": written.written_bytes},
         "passthrough": {"seconds": passthrough_s, "records": pass_records,
                         "records_per_s": pass_records / passthrough_s},
-        "stage": {"seconds": stage_s, "records_per_s": records / stage_s, "mb_per_s": nbytes / stage_s / 1e6,
+        "stage": {"seconds": stage_s, "records_per_s": records / stage_s, "mb_per_s": stage_reads / stage_s / 1e6,
                   "groups_per_s": stage_groups_s, "canonical_tokens_per_s": canonical_tokens / stage_s,
                   "fetched_bytes": fetched, "fetched_total_bytes": fetched_total},
         "throughput_ratio": passthrough_s / stage_s,
@@ -583,7 +584,7 @@ def _print(report, broker_kind, partitions, routes, route_staging, line, load_be
     print(f"e2e on {broker_kind}, {partitions} partitions, router replay {routes}, routes staged {route_staging} "
           f"(record cap {report['record_cap']:,}), finalize {POOL.get('finalize_workers', 1)} "
           f"{POOL.get('finalize_pool', 'thread')}(s): {line}; {w['input_records']} input records, "
-          f"{w['input_bytes'] / 1e6:.1f} MB; machine load {load_before}")
+          f"{w['input_bytes'] / 1e6:.1f} MB on the topics the stage reads; machine load {load_before}")
     print(machine_line(report["machine"]))
     written = report["written"]
     print("written: " + ", ".join(f"{topic.split('.', 1)[1]} {written['records'].get(topic, 0):,} records "

@@ -89,9 +89,12 @@ def add_parsers(commands) -> None:
                         help="the stage's router replay")
     memory.add_argument("--cap-mib", type=at_least(1), default=512, help="max_buffered_bytes in MiB")
     memory.add_argument("--max-record-bytes", type=at_least(1),
-                        help="the stage's max_record_bytes (default: the stage's default, 8000000); the "
-                             "profiles' inputs carry their routes inline: raise it if a staged call is "
-                             "larger (the run says so)")
+                        help="the stage's max_record_bytes (default: the stage's default, 8000000); with "
+                             "--route-staging inline a profile's staged calls carry their routes: raise it "
+                             "if one is larger (the run says so)")
+    memory.add_argument("--route-staging", choices=("by-reference", "inline"), default="by-reference",
+                        help="how the producer stages routes: by-reference (route chunks, then the staged "
+                             "calls naming them) or inline (inside the staged calls)")
     memory.add_argument("--open", choices=("all", "streaming"), default="all",
                         help="all: every staged call before any receipt (all groups open at once); "
                              "streaming: one group after the other")
@@ -140,7 +143,7 @@ def main(args) -> int:
         return run_memory(bootstrap=args.bootstrap_servers, profile=args.profile, groups=args.groups,
                           routes=args.routes, cap=args.cap_mib << 20, open_mode=args.open,
                           group_size=args.group_size, as_json=args.json,
-                          max_record_bytes=args.max_record_bytes)
+                          max_record_bytes=args.max_record_bytes, route_staging=args.route_staging)
     if args.bench == "fetch":
         _torch_threads(args.torch_threads)
         from stage.bench.fetch import run as run_fetch
