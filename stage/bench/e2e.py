@@ -538,7 +538,7 @@ def _run(bootstrap, groups, n, calls, tokens, layers, topk, partitions, latency_
                     "total_bytes": written.written_bytes},
         "passthrough": {"seconds": passthrough_s, "records": pass_records,
                         "records_per_s": pass_records / passthrough_s},
-        "stage": {"seconds": stage_s, "records_per_s": records / stage_s, "mb_per_s": stage_reads / stage_s / 1e6,
+        "stage": {"seconds": stage_s, "records_per_s": pass_records / stage_s, "mb_per_s": stage_reads / stage_s / 1e6,
                   "groups_per_s": stage_groups_s, "canonical_tokens_per_s": canonical_tokens / stage_s,
                   "fetched_bytes": fetched, "fetched_total_bytes": fetched_total},
         "throughput_ratio": passthrough_s / stage_s,
