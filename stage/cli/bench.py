@@ -42,7 +42,7 @@ def add_parsers(commands) -> None:
     e2e.add_argument("--group-size", type=at_least(1),
                      help="rollouts per group of a profile (default: the profile's)")
     e2e.add_argument("--no-anchor", action="store_true",
-                     help="skip the anchor stage run (deferred: the same groups without routes; direct by "
+                     help="skip the anchor stage run (deferred: the workload without routes; direct by "
                           "reference: the same groups with routes inline)")
     e2e.add_argument("--latency-seconds", type=positive_float, default=10.0,
                      help="length of the latency phase")
