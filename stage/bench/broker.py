@@ -20,6 +20,10 @@ def bench_broker(bootstrap: str | None, **kraft_options):
         yield broker.bootstrap, "local KRaft (Apache Kafka jars)"
     finally:
         broker.stop()
+        # its log directory: an agentic-moe run leaves gigabytes of topic data there
+        if "workdir" not in kraft_options:
+            import shutil
+            shutil.rmtree(broker.dir, ignore_errors=True)
 
 
 def produce(producer, topic: str, **kwargs) -> None:

@@ -24,7 +24,10 @@ STAGED, RECEIPTS = "staged_calls", "receipts"
 # sizes (a 4.4k-token call at 40x22 int16), at the default record cap (8,000,000 bytes,
 # stage.wire.DEFAULT_MAX_RECORD_BYTES), and direct-mode rows of 128k tokens carry 100-225 MB of
 # routes; producers stage routes by reference and rows over the cap go in parts. The benchmarks
-# measure work, not those limits: they give their codecs and brokers this one.
+# that read these encodings (finalize, fetch, wire, and e2e / memory with --route-staging inline)
+# measure work, not those limits: they give their codecs and brokers this one. ``bench e2e`` and
+# ``bench memory`` write routes by reference by default (stage.bench.e2e.by_reference: the SDK's
+# producer chunks them), every record within the default cap.
 BENCH_MAX_RECORD_BYTES = 512 << 20
 
 

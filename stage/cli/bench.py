@@ -35,6 +35,15 @@ def add_parsers(commands) -> None:
                           "frontier 40)")
     e2e.add_argument("--routes", choices=("off", "direct", "deferred"), default="off",
                      help="the stage's router replay (off: routes, if staged, are not read)")
+    e2e.add_argument("--route-staging", choices=("by-reference", "inline"), default="by-reference",
+                     help="how the producers stage routes: by-reference (route chunks on the route topic, "
+                          "the staged calls naming them; every record within the default record cap) or "
+                          "inline (inside the staged calls, as producers before routes by reference)")
+    e2e.add_argument("--group-size", type=at_least(1),
+                     help="rollouts per group of a profile (default: the profile's)")
+    e2e.add_argument("--no-anchor", action="store_true",
+                     help="skip the anchor stage run (deferred: the workload without routes; direct by "
+                          "reference: the same groups with routes inline)")
     e2e.add_argument("--latency-seconds", type=positive_float, default=10.0,
                      help="length of the latency phase")
     e2e.add_argument("--finalize-pool", choices=("thread", "process"), default="thread",
@@ -80,9 +89,12 @@ def add_parsers(commands) -> None:
                         help="the stage's router replay")
     memory.add_argument("--cap-mib", type=at_least(1), default=512, help="max_buffered_bytes in MiB")
     memory.add_argument("--max-record-bytes", type=at_least(1),
-                        help="the stage's max_record_bytes (default: the stage's default, 8000000); the "
-                             "profiles' inputs carry their routes inline: raise it if a staged call is "
-                             "larger (the run says so)")
+                        help="the stage's max_record_bytes (default: the stage's default, 8000000); with "
+                             "--route-staging inline a profile's staged calls carry their routes: raise it "
+                             "if one is larger (the run says so)")
+    memory.add_argument("--route-staging", choices=("by-reference", "inline"), default="by-reference",
+                        help="how the producer stages routes: by-reference (route chunks, then the staged "
+                             "calls naming them) or inline (inside the staged calls)")
     memory.add_argument("--open", choices=("all", "streaming"), default="all",
                         help="all: every staged call before any receipt (all groups open at once); "
                              "streaming: one group after the other")
@@ -110,7 +122,8 @@ def main(args) -> int:
         report = run_e2e(bootstrap=args.bootstrap_servers, groups=args.groups, tokens=args.tokens,
                          layers=args.layers, latency_seconds=args.latency_seconds, as_json=args.json,
                          profile=args.profile, routes=args.routes, pool=args.finalize_pool,
-                         workers=args.finalize_workers)
+                         workers=args.finalize_workers, route_staging=args.route_staging,
+                         group_size=args.group_size, anchor=not args.no_anchor)
         return 0 if report["meets_targets"] else 1
     if args.bench == "finalize":
         _torch_threads(args.torch_threads)
@@ -130,7 +143,7 @@ def main(args) -> int:
         return run_memory(bootstrap=args.bootstrap_servers, profile=args.profile, groups=args.groups,
                           routes=args.routes, cap=args.cap_mib << 20, open_mode=args.open,
                           group_size=args.group_size, as_json=args.json,
-                          max_record_bytes=args.max_record_bytes)
+                          max_record_bytes=args.max_record_bytes, route_staging=args.route_staging)
     if args.bench == "fetch":
         _torch_threads(args.torch_threads)
         from stage.bench.fetch import run as run_fetch
