@@ -7,10 +7,12 @@ flush names it; routes_by_reference=False writes the old inline record."""
 from __future__ import annotations
 
 import json
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
+from confluent_kafka import KafkaError, Producer
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
 
 from stage.client import DeliveryError, RolloutStager, StagingProducer
@@ -97,6 +99,24 @@ def test_chunks_are_acknowledged_before_their_call_and_join_back_to_the_routes(k
         assert compute_extras_digest(extras) == call["extras_digest"] == rows[key].extras_digest
 
 
+def wait_until_refused(bootstrap: str, topic: str, timeout: float = 30.0) -> None:
+    """Wait until the broker enforces the altered max.message.bytes on both partitions: the
+    alteration is acknowledged once the controller has it, and the partition's log takes the new
+    config a little later (a record produced in between was accepted: CI saw the test's chunk land)."""
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0})
+    deadline = time.monotonic() + timeout
+    for partition in (0, 1):
+        while True:
+            outcome = []
+            producer.produce(topic, b"x" * CHUNK_BYTES, partition=partition,
+                             on_delivery=lambda error, _message: outcome.append(error))
+            producer.flush(10)
+            if outcome and outcome[0] is not None and outcome[0].code() == KafkaError.MSG_SIZE_TOO_LARGE:
+                break
+            assert time.monotonic() < deadline, f"{topic}[{partition}] still takes {CHUNK_BYTES} B records"
+            time.sleep(0.2)
+
+
 @pytest.mark.parametrize("how", ["record too large", "route topic missing"])
 def test_a_chunk_the_broker_refuses_leaves_no_staged_call_and_flush_names_it(kafka, how):
     topics = unique_topics()
@@ -109,6 +129,7 @@ def test_a_chunk_the_broker_refuses_leaves_no_staged_call_and_flush_names_it(kaf
             ConfigEntry("max.message.bytes", "30000", incremental_operation=AlterConfigOpType.SET)])
         for future in admin.incremental_alter_configs([resource]).values():
             future.result(30)
+        wait_until_refused(kafka.bootstrap, topics.staged_routes)
     else:                              # the brokers do not create topics on first use
         setup_topics(cfg, partitions=2)
         topics = topics.model_copy(update={"staged_routes": f"{topics.staged_routes}-absent"})

@@ -46,11 +46,19 @@ def _run_stage(kafka, topics, specs, staged_values):
         return original(text)
 
     sink.librdkafka_stats = stats
+    assignment = stage.runtime.assignment
+    assign = assignment.assign
+
+    def assign_and_record(consumer, partitions):
+        # Read in the stage's own thread, inside its rebalance callback: the consumer is the
+        # stage's, and asking it from the test's thread (consumer.assignment()) once hung the
+        # suite while the stage was busy with it.
+        assign(consumer, partitions)
+        assigned.update(tp.topic for tp in consumer.assignment())
+
+    assignment.assign = assign_and_record
     with stage:
         def done():
-            consumer = stage.runtime.clients.consumer
-            if consumer is not None:
-                assigned.update(tp.topic for tp in consumer.assignment())
             return stage.runtime.stats.total("groups_published") >= len(specs) and stat_topics
         stage.wait(done, 90, "all groups published")
     return assigned, stat_topics
