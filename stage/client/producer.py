@@ -48,6 +48,7 @@ from stage.client.records import (
     staged_row_from_envelopes,
 )
 from stage.client.route_staging import (
+    MAX_CHUNK_ROUNDS,
     ChunkEncoder,
     PendingCall,
     RoutePayload,
@@ -213,36 +214,68 @@ class StagingProducer:
                 f"to {self.topics.staged_routes}): its token columns, media or top-k are too large for "
                 "one record; raise max_record_bytes together with the topic's max.message.bytes, "
                 "or stage the call's tokens in more calls")
+        records, digests = self._encode_chunks(group_id, staging_key, pieces)
+        pending = PendingCall(group_id, call, payload, [p.nbytes for p in pieces], digests,
+                              self.topics.staged_routes)
+        pending.headers, pending.on_delivery = headers, on_delivery
+        with self._lock:
+            self._deferred += 1
+        self._drain_ready()
+        self._queue_chunks(pending, records)
+        if self._unchecked:
+            try:
+                self._first_contact()
+            except BaseException:
+                if pending.abandon(len(records)):
+                    self._settle()
+                raise
+        self.producer.poll(0)
+        return sum(map(len, records))
+
+    def _encode_chunks(self, group_id: str, staging_key: str, pieces) -> tuple[list[bytes], list[str]]:
         records, digests = [], []
         for index, piece in enumerate(pieces):    # every chunk encoded before one is produced
             record, digest = self._chunks.encode(group_id, staging_key, index, len(pieces), piece)
             records.append(record)
             digests.append(digest)
-        pending = PendingCall(group_id, call, payload, [p.nbytes for p in pieces], digests,
-                              self.topics.staged_routes)
-        pending.headers, pending.on_delivery = headers, on_delivery
-        key = group_id.encode("utf-8")
-        with self._lock:
-            self._deferred += 1
-        queued = 0
+        return records, digests
+
+    def _queue_chunks(self, pending: PendingCall, records: list[bytes]) -> None:
+        """Produce a call's chunks; if that raises part way, only the queued ones' reports are
+        awaited and the staged call is never produced."""
+        key, queued = pending.group_id.encode("utf-8"), 0
         try:
-            self._drain_ready()
             for index, record in enumerate(records):
                 self._queue(self.topics.staged_routes, key, record, None,
                             lambda d, index=index: self._chunk_delivered(pending, index, d))
                 queued += 1
-            if self._unchecked:
-                self._first_contact()
         except BaseException:
             if pending.abandon(queued):
                 self._settle()
             raise
-        self.producer.poll(0)
-        return sum(map(len, records))
+
+    def _resend_chunks(self, pending: PendingCall) -> None:
+        """A round whose chunks came back without offsets, produced again (same bytes, same
+        digests); a failure to queue them is the staged call's failure, named at flush."""
+        try:
+            records, _ = self._encode_chunks(pending.group_id, pending.staging_key,
+                                             pending.payload.pieces(self.route_chunk_bytes))
+            self._queue_chunks(pending, records)
+        except Exception as error:
+            self._fail(self.topics.staged_calls, pending.group_id,
+                       f"StagedCall {pending.staging_key} not produced: resending its route chunks "
+                       f"failed: {type(error).__name__}: {error}", not_produced=True)
+            if not pending.abandoned and pending.abandon(0):
+                self._settle()
 
     def _chunk_delivered(self, pending: PendingCall, index: int, delivery: Delivery) -> None:
         """A chunk's delivery report (a librdkafka callback: never raises)."""
         if not pending.report(index, delivery.partition, delivery.offset, delivery.error):
+            return
+        if not pending.abandoned and pending.rounds < MAX_CHUNK_ROUNDS and pending.offsets_unknown() \
+                and not pending.any_failed():
+            pending.resend_round()      # produced from the next produce, poll or flush: not from
+            self._ready.append((pending, None))   # inside librdkafka's callback
             return
         try:
             call, why = pending.outcome()
@@ -289,7 +322,10 @@ class StagingProducer:
                 pending, record = self._ready.popleft()
             except IndexError:
                 return
-            self._send_deferred(pending, record, block=True)
+            if record is None:          # its chunks, to produce again (_chunk_delivered)
+                self._resend_chunks(pending)
+            else:
+                self._send_deferred(pending, record, block=True)
 
     def _fail(self, topic: str, group_id: str, error: str, *, not_produced: bool = False) -> None:
         with self._lock:

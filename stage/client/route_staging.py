@@ -153,6 +153,7 @@ class PendingCall:
         self.expected = len(lengths)
         self.reports: dict[int, ChunkReport] = {}
         self.abandoned = False            # produce raised part way: no staged call, ever
+        self.rounds = 1                   # times its chunks were produced (resent_round)
         self.partition: int | None = None  # where the chunks landed, once all are in
         self.headers = None               # the StagedCall's, and its per-record delivery callback
         self.on_delivery = None
@@ -169,6 +170,26 @@ class PendingCall:
                 return False
             self.reports[index] = ChunkReport(partition, offset, error)
             return len(self.reports) == self.expected
+
+    def offsets_unknown(self) -> list[int]:
+        """Chunks acknowledged without their offset: librdkafka reports an idempotent
+        producer's retry of a record the broker had already written (DUPLICATE_SEQUENCE_NUMBER)
+        as delivered at offset -1001 (confluent-kafka: ``offset()`` None). Such a chunk is in
+        the log but nothing can name it."""
+        with self._lock:
+            return sorted(i for i, r in self.reports.items()
+                          if r.error is None and (r.offset is None or r.offset < 0))
+
+    def any_failed(self) -> bool:
+        with self._lock:
+            return any(r.error is not None for r in self.reports.values())
+
+    def resend_round(self) -> None:
+        """Every chunk is produced again (a fresh, ordered set of offsets; the earlier copies
+        stay in the route topic unreferenced until its retention deletes them)."""
+        with self._lock:
+            self.reports.clear()
+            self.rounds += 1
 
     def abandon(self, queued: int) -> bool:
         """Produce failed after ``queued`` chunks were queued: only their reports are awaited,
@@ -190,6 +211,12 @@ class PendingCall:
             return None, (f"StagedCall {self.staging_key} not produced: route chunk(s) {shown} of {count} "
                           f"to {self.topic} not delivered ({failed[0][1]})")
         reports = [self.reports[i] for i in range(count)]
+        unknown = [i for i, r in enumerate(reports) if r.offset is None or r.offset < 0]
+        if unknown:
+            return None, (f"StagedCall {self.staging_key} not produced: route chunk(s) "
+                          f"{', '.join(map(str, unknown[:8]))} of {count} to {self.topic} were acknowledged "
+                          f"without an offset {self.rounds} time(s) in a row (an idempotent producer's "
+                          "retry of a record already written), so no reference can name them")
         partitions = sorted({r.partition for r in reports})
         if len(partitions) != 1:
             return None, (f"StagedCall {self.staging_key} not produced: its route chunks landed in "
@@ -208,5 +235,8 @@ class PendingCall:
         return {**self.call, "routes_ref": reference}, None
 
 
-__all__ = ["ROUTE_CHUNK_ROOM", "ChunkEncoder", "PendingCall", "RoutePayload", "reference_bytes",
+# Rounds of a call's chunks before its staged call fails for chunks acknowledged without offsets.
+MAX_CHUNK_ROUNDS = 3
+
+__all__ = ["MAX_CHUNK_ROUNDS", "ROUTE_CHUNK_ROOM", "ChunkEncoder", "PendingCall", "RoutePayload", "reference_bytes",
            "route_chunk_size"]

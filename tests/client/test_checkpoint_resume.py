@@ -56,12 +56,18 @@ class RowFeeder(threading.Thread):
                                   "transactional.id": f"feeder-{topic}", "linger.ms": 1})
         self.error: BaseException | None = None
         self.aborted = 0
+        # The last transaction waits for this: the test's kills then all fall before the trainer
+        # could have every group (pacing alone left that to the machine's speed: CI once saw
+        # the feed end after 2 of the 6 kills).
+        self.release = threading.Event()
 
     def run(self) -> None:
         try:
             self.producer.init_transactions(30)
             for start in range(0, len(self.log), 4):
                 chunk = self.log[start:start + 4]
+                if start + 4 >= len(self.log):
+                    self.release.wait(600)
                 if self.rng.random() < 0.2:
                     self._transaction(chunk, commit=False)
                     self.aborted += 1
@@ -136,6 +142,8 @@ def test_a_trainer_killed_at_random_points_trains_every_group_exactly_once(kafka
             trainer.kill()
             kills += 1
             mid_run_kills += _saved_groups(checkpoint) < GROUPS
+            if kills == KILLS:
+                feeder.release.set()
             continue
         try:
             rc = trainer.proc.wait(300)
@@ -145,6 +153,7 @@ def test_a_trainer_killed_at_random_points_trains_every_group_exactly_once(kafka
             break
         assert rc == -signal.SIGKILL, f"trainer exited {rc}\n{log.read_text()[-3000:]}"
         crashes += 1
+    feeder.release.set()
     feeder.join(60)
     assert feeder.error is None, feeder.error
     text = log.read_text(errors="replace")

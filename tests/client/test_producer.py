@@ -427,3 +427,46 @@ def test_stage_chunks_views_of_the_envelopes_bytes_and_copies_them_only_into_the
     assert all(np.shares_memory(np.frombuffer(view, np.uint8), np.frombuffer(raw, np.uint8)) for view in seen)
     # prepare() still hands out bytes, as it always did
     assert type(RolloutStager(None, "g", "r").prepare("c0", **root).value["routed_experts"]["data"]) is bytes
+
+
+class OffsetlessProducer(FakeProducer):
+    """Acknowledges the first ``offsetless`` route chunks without an offset, as librdkafka does
+    an idempotent producer's retry of a record the broker had already written (offset() None)."""
+
+    def __init__(self, offsetless: int) -> None:
+        super().__init__()
+        self.offsetless = offsetless
+
+    def produce(self, topic, key=None, value=None, headers=None, on_delivery=None):
+        super().produce(topic, key, value, headers, on_delivery)
+        if topic == TopicNames().staged_routes and self.offsetless:
+            self.offsetless -= 1
+            self.records[-1]._offset = None
+
+
+def test_chunks_acknowledged_without_an_offset_are_sent_again_and_the_call_names_the_new_copies():
+    topics, codec = TopicNames(), AvroCodec("StagedCall")
+    fake = OffsetlessProducer(offsetless=1)
+    producer = StagingProducer(producer=fake, route_chunk_bytes=1000)
+    stager = RolloutStager(producer, "g", "r")
+    row = stager.stage("c0", **routed_calls(stager)[0])
+    producer.flush()
+    assert [m.topic() for m in fake.records] == [topics.staged_routes] * 4 + [topics.staged_calls]
+    call = codec.decode(fake.records[4].value())
+    assert [c["offset"] for c in call["routes_ref"]["chunks"]] == [2, 3]       # the second round's
+    assert [CHUNKS.decode(fake.records[i].value()) for i in (0, 1)] == \
+        [CHUNKS.decode(fake.records[i].value()) for i in (2, 3)]                # the same chunks again
+    assert call["extras_digest"] == row.extras_digest and producer.deferred == 0 and not producer.failures
+
+
+def test_chunks_never_acknowledged_with_an_offset_fail_their_call_after_bounded_rounds():
+    from stage.client.route_staging import MAX_CHUNK_ROUNDS
+    topics = TopicNames()
+    fake = OffsetlessProducer(offsetless=10**6)
+    producer = StagingProducer(producer=fake, route_chunk_bytes=1000)
+    stager = RolloutStager(producer, "g", "r")
+    stager.stage("c0", **routed_calls(stager)[0])
+    with pytest.raises(DeliveryError, match="acknowledged without an offset 3 time") as raised:
+        producer.flush()
+    assert [m.topic() for m in fake.records] == [topics.staged_routes] * 2 * MAX_CHUNK_ROUNDS   # never the call
+    assert raised.value.failures[-1].not_produced and producer.deferred == 0

@@ -211,6 +211,9 @@ func reference(owners []chunkOwner, done []*kgo.Record, topic string) error {
 			c.value.RoutesRef = &RouteReference{Topic: topic, Partition: r.Partition, DType: rt.DType, Shape: rt.Shape}
 		}
 		ref := c.value.RoutesRef
+		if r.Offset < 0 { // acknowledged without an offset: producers.md says to send the chunks again
+			return fmt.Errorf("route chunk %d of %s was acknowledged without an offset", o.index, c.value.StagingKey)
+		}
 		if r.Partition != ref.Partition {
 			return fmt.Errorf("route chunks of %s landed in partitions %d and %d", c.value.StagingKey, ref.Partition, r.Partition)
 		}
