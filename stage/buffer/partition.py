@@ -57,6 +57,7 @@ class PartitionBuffer:
         self.next_offsets: dict[str, int] = {}   # one past the highest offset seen per topic
         self.stream_time: dict[str, int] = {}    # highest record timestamp seen per topic
         self.nbytes = 0
+        self.largest_group_bytes = 0             # input of the largest group held, memory + spill
         self.counts: Counter = Counter()
         self._deadlines: list[tuple[int, str]] = []
         self._complete: set[str] = set()
@@ -185,6 +186,9 @@ class PartitionBuffer:
     def _admit(self, group: GroupState, nbytes: int, pos, now_ms: int) -> None:
         group.nbytes += nbytes
         self.nbytes += nbytes
+        # Only grows (spilling moves a record's bytes, it does not shrink its group): the
+        # finalize reserve (stage.runtime.state.memory) is sized on the largest group seen.
+        self.largest_group_bytes = max(self.largest_group_bytes, group.nbytes + group.spilled_bytes)
         group.note_position(pos.topic, pos.offset, pos.timestamp_ms)
         # The deadline counts from the earliest record, not the first one read: which topic
         # the consumer happens to read first (after a restart, too) must not move it later.

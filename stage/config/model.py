@@ -95,8 +95,9 @@ class StageConfig(ConfigModel):
                                    "group waits for unread input the stage keeps reading (pausing would "
                                    "deadlock it); deadlines bound that growth")
     max_spill_bytes: Int = Field(
-        16 << 30, ge=0, description="staged records admitted while the stage holds `max_buffered_bytes` "
-                                    "(every buffered group waiting for unread input) go to local disk under "
+        16 << 30, ge=0, description="staged records (and route chunks) admitted while the stage holds "
+                                    "`max_buffered_bytes` less a finalize reserve (what finalizing the "
+                                    "largest group held would take) go to local disk under "
                                     "`spill_dir`, at most this many bytes, and are read back when their "
                                     "group is finalized (docs/design.md, Memory); 0: never spill")
     spill_dir: str = Field("", description="where spilled records go (one directory per replica, emptied "

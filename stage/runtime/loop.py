@@ -52,7 +52,7 @@ from stage.runtime.kafka.registry import SchemaResolver, build_codecs
 from stage.runtime.kafka.startup import connect_admin, probe_device, register_output_schemas
 from stage.runtime.kafka.topics import PartitionWatch
 from stage.runtime.state.inputs import LEAD, alongside, input_kinds, input_topics
-from stage.runtime.state.memory import Holdings
+from stage.runtime.state.memory import Holdings, finalize_reserve
 from stage.runtime.state.partition import Partitions
 from stage.runtime.state.pauses import PauseSet, reasons_of
 from stage.runtime.stats import RuntimeStats
@@ -154,7 +154,10 @@ class StageRuntime:
     def budget(self) -> Budget:
         """The snapshot the steps that must not exceed the caps are given."""
         in_flight = self.publication.in_flight
-        return Budget(room=self.cfg.max_buffered_bytes - self.holdings().total,
+        cap = self.cfg.max_buffered_bytes
+        largest = max((s.largest_group_bytes for s in self.partitions), default=0)
+        return Budget(room=cap - self.holdings().total,
+                      reserve=finalize_reserve(largest, self.finalization.routes_mode, cap),
                       busy=self.finalization.busy or bool(self.publication.done) or in_flight,
                       idle=not in_flight)
 

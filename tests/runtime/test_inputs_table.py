@@ -11,16 +11,19 @@ import pytest
 from confluent_kafka import TopicPartition
 
 from stage.buffer import PartitionBuffer
+from stage.buffer.spill import SpillStore
 from stage.config.model import StageConfig
 from stage.decode import InputLimits
 from stage.finalize import ReassemblyConfig
 from stage.runtime.kafka.clients import Clients
 from stage.runtime.kafka.ledger import LedgerState
 from stage.runtime.state.inputs import input_kinds, input_topics
+from stage.runtime.state.memory import WORKING_SET, finalize_reserve
 from stage.runtime.state.partition import DeadLetterMarks, Partitions
 from stage.runtime.steps.assignment import Assignment
 from stage.runtime.steps.intake import Intake
 from stage.runtime.steps.loads import LedgerLoads
+from stage.runtime.steps.outcomes import Budget
 from stage.staging.route_refs import chunk_value
 from stage.wire import AvroCodec
 from tests.runtime.fakes import Consumer, Message, NeverLoads, Probe, StartOffsets, stats_fake
@@ -135,3 +138,30 @@ def test_intake_buffers_a_route_chunk_in_its_group_and_dead_letters_an_undecodab
     assert "index" in taken.dead_letters[0].error
     assert state.dead_letter_marks.get(topic) == 9
     assert state.buffer.committable(topic) == 7         # the open group holds its chunk
+
+
+def test_intake_spills_rather_than_use_the_finalize_reserve(tmp_path):
+    """Room under the cap that the budget reserves for a group's finalization is not the
+    intake's: a chunk that fits the room but not the room less the reserve goes to disk."""
+    cfg, state, intake, codecs = _direct_intake()
+    state.buffer.spill = SpillStore(tmp_path / "p0", max_bytes=1 << 20)
+    topic = cfg.topics.staged_routes
+
+    def chunk(offset, group_id):
+        value = codecs["RouteChunk"].encode(chunk_value(group_id, f"{group_id}-r0/c0", 0, 1, bytes(20_000)))
+        return Message(topic, 0, offset, group_id.encode(), value)
+
+    intake.batch([chunk(1, "kept")], 1_000, Budget(room=100_000, reserve=50_000))
+    intake.batch([chunk(2, "spilled")], 1_000, Budget(room=100_000, reserve=90_000))
+    kept, spilled = (state.buffer.groups[g] for g in ("kept", "spilled"))
+    assert kept.spilled_bytes == 0 and kept.nbytes > 20_000
+    assert spilled.spilled_bytes > 20_000 and spilled.nbytes < kept.nbytes // 10   # its ids stay
+    # the largest group held sizes the reserve: spilling does not shrink it
+    assert state.buffer.largest_group_bytes == max(kept.nbytes, spilled.nbytes + spilled.spilled_bytes)
+
+
+def test_the_finalize_reserve_is_the_largest_groups_finalization_at_most_the_cap():
+    assert finalize_reserve(100, "direct", 10_000) == int(100 * (1 + WORKING_SET["direct"]))
+    assert finalize_reserve(100, "deferred", 10_000) == 200
+    assert finalize_reserve(10_000, "direct", 10_000) == 10_000       # a group that large spills everything
+    assert finalize_reserve(0, "direct", 10_000) == 0

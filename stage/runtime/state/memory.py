@@ -9,6 +9,11 @@ group only when the sum leaves room for its working set (or nothing else is in p
 that one group larger than the cap still moves). When the input cannot be paused (every buffered
 group waits for records not read yet), staged records admitted while the sum is at the cap are
 spilled to local disk (stage.buffer.spill) and read back when their group is finalized.
+
+The intake spills before the cap: it keeps a *finalize reserve* free, the working set of the
+largest group its partitions have held, so that when that group (or one like it) completes
+while the buffer is full, finalizing it stays under the cap instead of adding its whole working
+set on top (measured: docs/performance.md, direct router replay memory).
 """
 
 from __future__ import annotations
@@ -19,7 +24,10 @@ from dataclasses import dataclass
 # itself, which the buffer still counts): decoded token columns and the rows built from them,
 # and in direct router replay the decoded routes, the group route tensor and the encoded rows
 # that carry them.
-WORKING_SET = {"direct": 2.0, "deferred": 1.0, "off": 1.0}
+# Direct: measured on issue 26's workload (98 MB groups of int16 48x8 routes, docs/performance.md):
+# finalizing one held ~450 MiB beyond the buffer with its input read back from the spill, i.e.
+# ~3.5x its input on top of the input itself; the estimate was 2x before that measurement.
+WORKING_SET = {"direct": 3.5, "deferred": 1.0, "off": 1.0}
 # librdkafka copies every produced value into its queue: the batch is held twice until the
 # transaction completes.
 PRODUCER_COPIES = 2
@@ -46,3 +54,10 @@ def group_working_set(group, routes_mode: str) -> int:
     """What finalizing ``group`` adds: its working set, plus its spilled records, read back."""
     return working_set(group.nbytes, routes_mode) + int(getattr(group, "spilled_bytes", 0) * (
         1 + WORKING_SET.get(routes_mode, 1.0)))
+
+
+def finalize_reserve(largest_group_bytes: int, routes_mode: str, cap: int) -> int:
+    """Room the intake leaves under ``cap`` (it spills instead of using it): what finalizing a
+    group of ``largest_group_bytes`` input takes when all of it was spilled (read back, plus its
+    working set), at most the whole cap (a group that large spills everything it can)."""
+    return min(cap, int(largest_group_bytes * (1 + WORKING_SET.get(routes_mode, 1.0))))

@@ -79,6 +79,10 @@ class PartitionState:
     def spilled_bytes(self) -> int:
         return self.buffer.spilled_bytes if self.buffer is not None else 0
 
+    @property
+    def largest_group_bytes(self) -> int:
+        return self.buffer.largest_group_bytes if self.buffer is not None else 0
+
     def close(self) -> None:
         """Its buffer leaves (the partition is dropped or reloaded): delete what it spilled."""
         if self.buffer is not None:

@@ -63,12 +63,13 @@ class Intake:
         self.transactional_id = transactional_id   # named when the consumer is fenced
         self.partition_count = 0                # of every input topic, checked at start
         self.blocked: set[tuple[str, int]] = set()   # put back during this consume batch
-        self._room = 1 << 62                    # room left as of this batch's start, less what it admitted
+        self._room = 1 << 62                    # room left as of this batch's start (less the finalize
+                                                # reserve), less what it admitted
         self._moved: set[int] = set()           # this batch's partitions with skipped records
 
     def batch(self, messages, now_ms: int, budget: Budget = Budget()) -> Taken:
         self.blocked.clear()
-        self._room = budget.room
+        self._room = budget.room - budget.reserve   # it spills rather than use the finalize reserve
         taken, self._moved = Taken(), set()
         for msg in messages:
             letter = self.record(msg, now_ms)

@@ -19,6 +19,7 @@ class Budget:
     """A snapshot of what the stage holds, for the steps that must not exceed it."""
 
     room: int = _UNLIMITED   # bytes left under max_buffered_bytes (negative when over it)
+    reserve: int = 0         # of the room, what the intake leaves for a group's finalization
     busy: bool = False       # some group is being finalized, waits for a worker, or is publishing
     idle: bool = True        # no transaction in flight
 
