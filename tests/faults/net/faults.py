@@ -15,8 +15,17 @@ def _each(toxiproxy, cluster, client, nodes, kind, streams=BOTH, toxicity=1.0, *
 
 def hold(toxiproxy, cluster, client, nodes) -> None:
     """A silent partition: connections stay open (and new ones are accepted) but no byte moves
-    either way until the heal, when what was held is delivered (``timeout`` with timeout 0)."""
+    either way (``timeout`` with timeout 0). The heal closes the connections it held and drops
+    what they held (Toxiproxy closes a timeout toxic's connections when it is removed), as a
+    partition long enough for TCP to give up does."""
     _each(toxiproxy, cluster, client, nodes, "timeout", timeout=0)
+
+
+def delay(toxiproxy, cluster, client, nodes) -> None:
+    """A silent partition whose held requests (a Produce, an EndTxn) are all delivered at the
+    heal, late: a latency far longer than any fault (Toxiproxy passes a latency toxic's data on
+    when it is removed)."""
+    _each(toxiproxy, cluster, client, nodes, "latency", latency=3_600_000, jitter=0)
 
 
 def refuse(toxiproxy, cluster, client, nodes) -> None:
@@ -63,4 +72,5 @@ def bandwidth(kb_per_s: int):
     return apply
 
 
-hold.__name__, refuse.__name__ = "hold (silent partition)", "refuse (connections cut)"
+hold.__name__, delay.__name__ = "hold (silent partition, dropped at the heal)", "delay (silent partition, delivered at the heal)"
+refuse.__name__ = "refuse (connections cut)"

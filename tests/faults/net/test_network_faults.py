@@ -44,3 +44,54 @@ def test_a_replica_cut_from_every_broker_past_its_session_is_a_harmless_zombie(n
         _no_exit_no_traceback(run)
         verdict = run.finish()
         _report(run, verdict)
+
+
+@SEEDS
+def test_latency_spikes_and_jitter_on_one_replica_and_its_transaction_coordinator(net, tmp_path, seed):
+    with NetRun(net, tmp_path, seed) as run:
+        replica = run.rng.choice(net.clients)
+        base = run.rng.randint(200, 1200)
+        run.episode(faults.latency(base, base // 2), replica, net.node_ids, run.rng.uniform(6, 10))
+        coordinator = net.transaction_coordinator(run.cfgs[replica].transactional_id)
+        spike = run.rng.randint(2000, 5000)
+        run.episode(faults.latency(spike, spike // 4), replica, [coordinator], run.rng.uniform(6, 10))
+        _no_exit_no_traceback(run)
+        verdict = run.finish()
+        _report(run, verdict)
+
+
+@SEEDS
+@pytest.mark.parametrize("cut", [faults.hold, faults.delay], ids=["dropped", "delivered-late"])
+def test_a_replica_cut_from_its_transaction_coordinator_while_it_commits(net, tmp_path, seed, cut):
+    with NetRun(net, tmp_path, seed) as run:
+        replica = run.rng.choice(net.clients)
+        tx_id = run.cfgs[replica].transactional_id
+        coordinator = net.transaction_coordinator(tx_id)
+        # the computed coordinator is the one that initialized the replica's producer
+        assert tx_id in net.kraft.node(coordinator).log_tail(5000), f"[{run.context}] coordinator {coordinator}?"
+        run.episode(cut, replica, [coordinator], run.rng.uniform(5, 12))
+        _no_exit_no_traceback(run)
+        verdict = run.finish()
+        _report(run, verdict)
+
+
+@SEEDS
+def test_connections_reset_slowly_closed_and_sliced(net, tmp_path, seed):
+    with NetRun(net, tmp_path, seed) as run:
+        for fault in (faults.reset_peer(run.rng.randint(0, 500), run.rng.uniform(0.3, 1.0)),
+                      faults.slow_close(run.rng.randint(1000, 5000)),
+                      faults.slicer(run.rng.randint(16, 128), 8, run.rng.randint(50, 500))):
+            run.episode(fault, run.rng.choice(net.clients), net.node_ids, run.rng.uniform(4, 8))
+        _no_exit_no_traceback(run)
+        verdict = run.finish()
+        _report(run, verdict)
+
+
+@SEEDS
+def test_a_bandwidth_limit_on_one_broker(net, tmp_path, seed):
+    with NetRun(net, tmp_path, seed) as run:
+        replica, broker = run.rng.choice(net.clients), run.rng.choice(net.node_ids)
+        run.episode(faults.bandwidth(run.rng.randint(1, 8)), replica, [broker], run.rng.uniform(6, 10))
+        _no_exit_no_traceback(run)
+        verdict = run.finish()
+        _report(run, verdict)

@@ -70,6 +70,7 @@ class Verdict:
     lost_after_read: list = field(default_factory=list)
     torn: list = field(default_factory=list)
     seen_twice: list = field(default_factory=list)
+    per_topic: dict = field(default_factory=dict)   # topic -> (seen, committed, uncommitted)
 
     @property
     def ok(self) -> bool:
@@ -82,7 +83,8 @@ class Verdict:
 
     def problems(self) -> str:
         return (f"aborted reads {self.aborted_reads[:5]}; lost after read {self.lost_after_read[:5]}; "
-                f"torn {self.torn[:5]}; seen twice {self.seen_twice[:5]}")
+                f"torn {self.torn[:5]}; seen twice {self.seen_twice[:5]}; "
+                f"records per topic (seen, committed, uncommitted): {self.per_topic}")
 
 
 class Verifier:
@@ -121,9 +123,13 @@ class Verifier:
 
     def wait_caught_up(self, committed: dict, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
-        while not committed.keys() <= self.records.keys() and time.monotonic() < deadline:
+        while not committed.keys() <= self.records.keys():
             if self.error:
-                break
+                return
+            if time.monotonic() > deadline:
+                missing = sorted(committed.keys() - self.records.keys())
+                raise AssertionError(f"the verifier did not read {len(missing)} committed records in "
+                                     f"{timeout}s: {missing[:5]}")
             time.sleep(0.2)
 
     def verdict(self, n: int) -> Verdict:
@@ -137,6 +143,9 @@ class Verifier:
         seen = dict(self.records)
         aborted = uncommitted.keys() - committed.keys()
         v = Verdict(seen=len(seen), aborted_in_log=len(aborted))
+        v.per_topic = {t.rsplit(".", 1)[-1]: tuple(sum(1 for k in view if k[0] == t)
+                                                   for view in (seen, committed, uncommitted))
+                       for t in self.topics}
         for key, value in seen.items():
             if key in aborted:
                 v.aborted_reads.append(key)
