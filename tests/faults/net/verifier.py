@@ -32,9 +32,23 @@ def _consumer(bootstrap: str, isolation: str) -> Consumer:
                      "isolation.level": isolation, "enable.partition.eof": True})
 
 
+def _partitions(consumer: Consumer, topic: str, timeout: float = 30.0) -> list[int]:
+    """The topic's partitions once the broker asked knows them all with a leader: a topic just
+    created is known to the other brokers of a cluster a moment later, and an answer without it
+    (no partitions) would leave the topic unread for the whole run."""
+    deadline = time.monotonic() + timeout
+    while True:
+        meta = consumer.list_topics(topic, timeout=10).topics.get(topic)
+        if meta is not None and meta.error is None and meta.partitions and all(
+                p.leader >= 0 for p in meta.partitions.values()):
+            return sorted(meta.partitions)
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no metadata with leaders for {topic} after {timeout}s: {meta and meta.error}")
+        time.sleep(0.2)
+
+
 def _assign_all(consumer: Consumer, topics: list[str]) -> int:
-    parts = [TopicPartition(t, p, 0) for t in topics
-             for p in consumer.list_topics(t, timeout=10).topics[t].partitions]
+    parts = [TopicPartition(t, p, 0) for t in topics for p in _partitions(consumer, t)]
     consumer.assign(parts)
     return len(parts)
 
