@@ -68,13 +68,17 @@ class NetRun:
         return f"seed {self.seed}, topics {self.topics.receipts}, logs in {self.workdir}"
 
     def __enter__(self) -> "NetRun":
-        self.toxiproxy.reset()
-        self.verifier = Verifier(self.cluster.bootstrap, self.topics)
-        self.trickle = Trickle(self.cluster.bootstrap, self.topics, pace_s=PACE_S)
-        for replica, cfg in self.cfgs.items():
-            self.procs[replica] = StageProcess(cfg, self.workdir, f"replica-{replica}")
-        self.feed(6)
-        self.wait_published(120, "the first groups (both replicas up)")
+        try:
+            self.toxiproxy.reset()
+            self.verifier = Verifier(self.cluster.bootstrap, self.topics)
+            self.trickle = Trickle(self.cluster.bootstrap, self.topics, pace_s=PACE_S)
+            for replica, cfg in self.cfgs.items():
+                self.procs[replica] = StageProcess(cfg, self.workdir, f"replica-{replica}")
+            self.feed(6)
+            self.wait_published(120, "the first groups (both replicas up)")
+        except BaseException as error:   # `with` calls __exit__ only after __enter__ returned
+            self.__exit__(type(error), error, error.__traceback__)
+            raise
         return self
 
     def __exit__(self, *exc) -> None:
