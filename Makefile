@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 
 KAFKA_LIB := .cache/kafka/lib
 
-.PHONY: install test test-unit test-jvm bench demo clean kafka-jars apicurio-registry helm ops-tools promtool prometheus-bin compose-cli images docker-up docker-down constraints
+.PHONY: install test test-unit test-jvm bench demo clean kafka-jars apicurio-registry helm ops-tools toxiproxy promtool prometheus-bin compose-cli images docker-up docker-down constraints
 
 # Ops tooling for tests/ops, built from the Go module proxy into the ignored .cache/bin (needs
 # `go`; without it those tests skip). Idempotent: a stamp per version skips the build.
@@ -88,6 +88,24 @@ $(OPS_STAMP):
 	  && cd $(CURDIR) && rm -f $(BIN)/.ops-check-* && touch $@; \
 	else echo "ops-tools: no go toolchain here; PromQL and compose-go checks in tests/ops will be skipped"; fi
 
+# Toxiproxy's server for the network fault suite (tests/faults/net/): a TCP proxy per broker
+# whose faults (cut, latency, reset, bandwidth...) the tests set over its HTTP API. v2.5.0 is the
+# newest version the Go module proxy serves for the /v2 module path (`go list -m -versions`).
+TOXIPROXY_VERSION := v2.5.0
+TOXIPROXY_STAMP   := $(BIN)/.toxiproxy-$(TOXIPROXY_VERSION)
+
+toxiproxy: $(TOXIPROXY_STAMP)
+
+$(TOXIPROXY_STAMP):
+	@mkdir -p $(BIN); if command -v go >/dev/null; then \
+	  echo "building toxiproxy-server $(TOXIPROXY_VERSION) into $(BIN) (Go module proxy)"; \
+	  tmp=$$(mktemp -d) \
+	  && GOBIN=$$tmp CGO_ENABLED=0 GOFLAGS=-buildvcs=false go install -trimpath -ldflags '-s -w' \
+	       github.com/Shopify/toxiproxy/v2/cmd/server@$(TOXIPROXY_VERSION) \
+	  && mv $$tmp/server $(BIN)/toxiproxy-server && rm -rf $$tmp \
+	  && rm -f $(BIN)/.toxiproxy-* && touch $@; \
+	else echo "toxiproxy: no go toolchain here; the network fault tests will be skipped (and fail under CI)"; fi
+
 # promtool (`promtool test rules` on ops/prometheus/tests) and the Prometheus server of the
 # compose stack's local image (no registry serves prom/prometheus here): both taken from
 # Debian's `prometheus` package with `apt-get download` and unpacked into .cache/bin, not
@@ -149,7 +167,7 @@ constraints: install
 # Integration and fault suites on a dockerized broker where an engine can run (tools/docker/
 # engine.sh brings it up, builds the local images, and stops what it started); else on the JVM
 # broker. KAFKA_TEST_BROKER=jvm skips Docker entirely.
-test: install kafka-jars apicurio-registry helm ops-tools promtool compose-cli
+test: install kafka-jars apicurio-registry helm ops-tools toxiproxy promtool compose-cli
 	bash tools/docker/engine.sh run -- $(PY) -m pytest -q
 
 # The light paths (README, Test): what needs no broker and is not slow (fuzz, benchmark
@@ -158,7 +176,7 @@ test: install kafka-jars apicurio-registry helm ops-tools promtool compose-cli
 test-unit: install
 	KAFKA_TEST_BROKER=none $(PY) -m pytest -q -m "not broker and not slow" -p no:cacheprovider
 
-test-jvm: install kafka-jars apicurio-registry helm ops-tools promtool
+test-jvm: install kafka-jars apicurio-registry helm ops-tools toxiproxy promtool
 	KAFKA_TEST_BROKER=jvm DOCKER_SETUP=off $(PY) -m pytest -q
 
 bench: install
