@@ -9,7 +9,7 @@ STAMP  := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 KAFKA_LIB := .cache/kafka/lib
 
 .PHONY: install test test-unit test-jvm bench demo clean kafka-jars apicurio-registry helm ops-tools promtool prometheus-bin compose-cli images docker-up docker-down constraints \
-  image image-cuda chart
+  image image-cuda chart k8s test-k8s
 
 # Ops tooling for tests/ops, built from the Go module proxy into the ignored .cache/bin (needs
 # `go`; without it those tests skip). Idempotent: a stamp per version skips the build.
@@ -156,6 +156,19 @@ chart:
 	  || { echo "chart: no helm ($(HELM) or on PATH): run \`make helm\` (needs go)" >&2; exit 1; }; \
 	  mkdir -p $(DIST) && $$h package $(CHART_DIR) --destination $(DIST) \
 	  && test -f $(DIST)/rollout-reassembler-$(CHART_VERSION).tgz
+
+# A real Kubernetes control plane for tests/k8s (tools/k8s/build.sh): kube-apiserver,
+# kube-controller-manager, kube-scheduler $(K8S_VERSION) and kwok built from the Go module proxy,
+# etcd from Debian's package, into .cache/k8s/<version>/ (cached by version). Cold: ~25 min on a
+# loaded 2-core machine, so CI does not build it; `make test-k8s` (and `make test`) then skip
+# tests/k8s, naming this target. test-k8s starts the control plane on 127.0.0.1 and stops it.
+K8S_VERSION := 1.34.2
+
+k8s: helm
+	K8S_VERSION=$(K8S_VERSION) nice -n 19 bash tools/k8s/build.sh
+
+test-k8s: install helm
+	K8S_VERSION=$(K8S_VERSION) $(PY) -m pytest -q -p no:cacheprovider tests/k8s
 
 # A Docker engine for the tests (tools/docker/engine.sh): the running one, or Debian's docker.io
 # started with no bridge; docker-down stops only a daemon that docker-up started.
