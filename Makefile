@@ -8,7 +8,8 @@ STAMP  := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 
 KAFKA_LIB := .cache/kafka/lib
 
-.PHONY: install test test-unit test-jvm bench demo clean kafka-jars apicurio-registry helm ops-tools toxiproxy promtool prometheus-bin compose-cli images docker-up docker-down constraints
+.PHONY: install test test-unit test-jvm bench demo clean kafka-jars apicurio-registry helm ops-tools toxiproxy promtool prometheus-bin compose-cli images docker-up docker-down constraints \
+  image image-cuda chart k8s test-k8s
 
 # Ops tooling for tests/ops, built from the Go module proxy into the ignored .cache/bin (needs
 # `go`; without it those tests skip). Idempotent: a stamp per version skips the build.
@@ -150,6 +151,42 @@ $(COMPOSE_STAMP):
 # Debian base by debootstrap, Kafka from the Maven jars, Python base, the stage's Dockerfile).
 images: install kafka-jars prometheus-bin
 	bash tools/docker/images.sh all
+
+# The images and chart a user takes (docs/operations.md, "Install from a registry"): built here,
+# pushed nowhere. `make image`: rollout-reassembler:<pyproject version>, CPU torch; `make
+# image-cuda`: the same tag with -cuda, PyPI's torch with the CUDA runtime (multi-GB). Both go
+# through tools/docker/images.sh (local Debian base and a wheelhouse: no registry needed; needs a
+# Docker engine, `make docker-up`), which checks the image's torch is the variant its tag says.
+# RELEASE_REPOSITORY=registry.example.com/team/rollout-reassembler names them for a push.
+VERSION       := $(shell sed -n 's/^version = "\(.*\)"$$/\1/p' pyproject.toml)
+CHART_DIR     := helm/rollout-reassembler
+CHART_VERSION := $(shell sed -n 's/^version: *//p' $(CHART_DIR)/Chart.yaml)
+
+image: install
+	bash tools/docker/images.sh release cpu
+image-cuda: install
+	bash tools/docker/images.sh release cuda
+
+# $(DIST)/rollout-reassembler-<Chart.yaml version>.tgz (`helm push` it to an OCI registry).
+DIST ?= dist
+chart:
+	@h=$$(test -x $(HELM) && echo $(HELM) || command -v helm) \
+	  || { echo "chart: no helm ($(HELM) or on PATH): run \`make helm\` (needs go)" >&2; exit 1; }; \
+	  mkdir -p $(DIST) && $$h package $(CHART_DIR) --destination $(DIST) \
+	  && test -f $(DIST)/rollout-reassembler-$(CHART_VERSION).tgz
+
+# A real Kubernetes control plane for tests/k8s (tools/k8s/build.sh): kube-apiserver,
+# kube-controller-manager, kube-scheduler $(K8S_VERSION) and kwok built from the Go module proxy,
+# etcd from Debian's package, into .cache/k8s/<version>/ (cached by version). Cold: ~25 min on a
+# loaded 2-core machine, so CI does not build it; `make test-k8s` (and `make test`) then skip
+# tests/k8s, naming this target. test-k8s starts the control plane on 127.0.0.1 and stops it.
+K8S_VERSION := 1.34.2
+
+k8s: helm
+	K8S_VERSION=$(K8S_VERSION) nice -n 19 bash tools/k8s/build.sh
+
+test-k8s: install helm
+	K8S_VERSION=$(K8S_VERSION) $(PY) -m pytest -q -p no:cacheprovider tests/k8s
 
 # A Docker engine for the tests (tools/docker/engine.sh): the running one, or Debian's docker.io
 # started with no bridge; docker-down stops only a daemon that docker-up started.

@@ -53,10 +53,10 @@ def apicurio(tmp_path_factory):
 
 
 # `make test-unit` runs what needs no broker, registry, container or built tool and is not
-# slow: everything but the tests marked `broker` or `slow` here (those using a broker or registry fixture, and the suites
-# that start brokers, containers or the examples themselves). `make test-jvm` runs all of it on
-# the JVM broker without Docker.
-_SERVER_FIXTURES = frozenset(("kafka", "tansu", "apicurio", "broker"))
+# slow: everything but the tests marked `broker` or `slow` here (those using a broker, registry or
+# Kubernetes control plane fixture, and the suites that start brokers, containers or the examples
+# themselves). `make test-jvm` runs all of it on the JVM broker without Docker.
+_SERVER_FIXTURES = frozenset(("kafka", "tansu", "apicurio", "broker", "cluster"))
 _SERVER_DIRS = frozenset(("integration", "faults", "docker", "examples", "crosslang", "demo", "brokers"))
 
 

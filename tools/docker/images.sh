@@ -5,6 +5,9 @@
 #   python  base + Debian's Python 3.11 (stand-in for python:3.11-slim)
 #   prometheus  base + the server `make prometheus-bin` unpacked from Debian's package (skipped without it)
 #   stage   the project's Dockerfile on the python base, dependencies from a local wheelhouse
+#   release cpu|cuda   the image a user takes (`make image`, `make image-cuda`): the same build,
+#           tagged rollout-reassembler:<pyproject version>[-cuda] (RELEASE_REPOSITORY renames it),
+#           torch from TORCH_INDEX_URL's CPU wheels or from PyPI (CUDA); `release-args` prints it
 # Idempotent: each image carries a label with the hash of its inputs and is rebuilt only when
 # they change. `images.sh env` prints the variables the tests read (KAFKA_TEST_IMAGE, ...).
 set -euo pipefail
@@ -92,10 +95,12 @@ build_prometheus() (
 
 # The stage image's dependencies, as wheels, from pip's cache where `make install` left them:
 # served to the build over loopback so the image does not download torch's GBs a second time.
+# WHEELHOUSE_INDEX (the CPU release) adds torch's CPU wheel index: its +cpu version sorts first.
 wheelhouse() {
     local stamp; stamp="$WHEELHOUSE/.complete-$(cat "$ROOT/pyproject.toml" "$ROOT/constraints.txt" | sha1sum | cut -c1-16)"
     [[ -f "$stamp" ]] && return
     mkdir -p "$WHEELHOUSE"
+    local index=(); [[ -n "${WHEELHOUSE_INDEX:-}" ]] && index=(--extra-index-url "$WHEELHOUSE_INDEX")
     "$PY" - "$ROOT/pyproject.toml" >"$WHEELHOUSE/requirements.txt" <<'PYTHON'
 import sys, tomllib
 print("\n".join(tomllib.load(open(sys.argv[1], "rb"))["project"]["dependencies"]))
@@ -103,13 +108,13 @@ PYTHON
     # torch's CUDA wheels are GBs: a connection dropped mid-wheel resumes where it stopped
     # (pip's default, 5 resumes, ran out once here) rather than failing the whole suite
     env -u PIP_FIND_LINKS "$PY" -m pip download --quiet --dest "$WHEELHOUSE" --only-binary=:all: \
-        --retries 10 --resume-retries 50 \
+        --retries 10 --resume-retries 50 "${index[@]}" \
         -c "$ROOT/constraints.txt" -r "$WHEELHOUSE/requirements.txt" "setuptools>=77" >&2
     rm -f "$WHEELHOUSE"/.complete-* && touch "$stamp"
 }
 
 build_stage() (
-    local recipe; recipe=$( (hash_of Dockerfile .dockerignore pyproject.toml constraints.txt README.md schemas stage; image_id "$PYTHON_IMAGE") | sha1sum | cut -c1-16)
+    local recipe; recipe=$( (hash_of Dockerfile .dockerignore pyproject.toml constraints.txt README.md schemas stage; image_id "$PYTHON_IMAGE"; echo "${WHEELHOUSE_INDEX:-}") | sha1sum | cut -c1-16)
     current "$STAGE_IMAGE" "$recipe" && return
     timed wheelhouse ""
     # A fixed port keeps the build argument, and so docker's cache of the dependency layer,
@@ -121,10 +126,40 @@ build_stage() (
     "$PY" -m http.server --bind 127.0.0.1 --directory "$WHEELHOUSE" "$port" >/dev/null 2>&1 &
     local server=$!
     trap 'kill "$server" 2>/dev/null || true' EXIT
-    # TORCH_INDEX_URL empty: torch comes from the wheelhouse (PyPI's wheel; the CPU index is unreachable here)
-    build "$STAGE_IMAGE" "$recipe" --build-arg "BASE_IMAGE=$PYTHON_IMAGE" --build-arg TORCH_INDEX_URL= \
+    # torch comes from the wheelhouse (pip gets --no-index); TORCH_INDEX_URL still names the
+    # wheelhouse's index so the CPU and CUDA builds never share docker's dependency layer.
+    build "$STAGE_IMAGE" "$recipe" --build-arg "BASE_IMAGE=$PYTHON_IMAGE" --build-arg "TORCH_INDEX_URL=${WHEELHOUSE_INDEX:-}" \
         --build-arg "WHEELHOUSE_URL=http://127.0.0.1:$port/" "$ROOT"
 )
+
+# The released images: the stage build above under the user-facing tag. A registry-less machine
+# builds them on the local base from a wheelhouse like the test image; the CPU one's wheelhouse
+# holds torch's +cpu wheel (its own directory), the CUDA one shares the test image's (PyPI's torch).
+VERSION=$(sed -n 's/^version = "\(.*\)"$/\1/p' "$ROOT/pyproject.toml")
+CPU_TORCH_INDEX=https://download.pytorch.org/whl/cpu  # the Dockerfile's TORCH_INDEX_URL default
+release_args() { # cpu|cuda -> the tag, then the variables the build gets, one per line
+    local repo=${RELEASE_REPOSITORY:-rollout-reassembler}
+    case $1 in
+        cpu) echo "$repo:$VERSION"; echo "WHEELHOUSE=$WHEELHOUSE-cpu"; echo "WHEELHOUSE_INDEX=${TORCH_INDEX_URL-$CPU_TORCH_INDEX}"
+             echo "TORCH_CUDA=no" ;;
+        cuda) echo "$repo:$VERSION-cuda"; echo "WHEELHOUSE=$WHEELHOUSE"; echo "WHEELHOUSE_INDEX="
+              echo "TORCH_CUDA=yes" ;;
+        *) echo "usage: $0 release cpu|cuda" >&2; return 2 ;;
+    esac
+}
+
+release() {
+    local lines; lines=$(release_args "$1") || return 2
+    local tag; tag=$(head -1 <<<"$lines")
+    # shellcheck disable=SC2046  # one NAME=value per line, no spaces
+    ( export $(tail -n +2 <<<"$lines"); STAGE_IMAGE=$tag
+      timed build_base "$BASE_IMAGE"; timed build_python "$PYTHON_IMAGE"; timed build_stage "$tag"
+      # An unreachable CPU index leaves pip on PyPI's torch (CUDA): refuse that image under the CPU tag.
+      local cuda; cuda=$(docker run --rm --network none --entrypoint python "$tag" -c \
+          'import torch; print("yes" if torch.version.cuda else "no")')
+      [[ "$cuda" == "$TORCH_CUDA" ]] || { log "$tag: torch with CUDA: $cuda, wanted $TORCH_CUDA (TORCH_INDEX_URL?)"; exit 1; }
+      log "built $tag (torch with CUDA: $cuda)" )
+}
 
 # Superseded builds (untagged, with this script's label) only: nothing else in the engine.
 prune() { docker image prune --force --filter "label=$LABEL" >/dev/null; }
@@ -146,6 +181,8 @@ case "${1:-all}" in
     prometheus) timed build_base "$BASE_IMAGE"; timed build_prometheus "$PROMETHEUS_IMAGE" ;;
     all) timed build_base "$BASE_IMAGE"; timed build_kafka "$KAFKA_IMAGE"; timed build_python "$PYTHON_IMAGE"
          timed build_prometheus "$PROMETHEUS_IMAGE"; timed build_stage "$STAGE_IMAGE"; prune ;;
+    release) release "${2:-}" ;;
+    release-args) release_args "${2:-}" ;;
     env) print_env ;;
-    *) echo "usage: $0 [base|kafka|python|prometheus|stage|all|env]" >&2; exit 2 ;;
+    *) echo "usage: $0 [base|kafka|python|prometheus|stage|all|release cpu|cuda|release-args cpu|cuda|env]" >&2; exit 2 ;;
 esac
