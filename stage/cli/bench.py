@@ -51,7 +51,8 @@ def add_parsers(commands) -> None:
     e2e.add_argument("--finalize-workers", type=at_least(1), default=1, help="the stage's finalize_workers")
     e2e.add_argument("--profile-stage", metavar="FILE",
                      help="sample the latency phase's stage process with py-spy (on PATH or $PY_SPY) into "
-                          "FILE (collapsed stacks) and print its CPU per input record by function")
+                          "FILE (collapsed stacks) and print its GIL-held time per input record by function "
+                          "(default: not sampled)")
 
     finalize = add_parser(which, "finalize", "finalize_group time split (verify, routes, tensorize)")
     finalize.add_argument("--json", action="store_true", help="print the report as JSON")
