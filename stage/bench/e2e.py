@@ -7,7 +7,8 @@ the same input bytes on the same broker, in one run, then latency at half of the
    (below), the stage and the anchor again, in the order anchor, stage, stage, anchor;
 3. latency: the stage running while groups arrive at half that peak rate; for each group the
    time from its last input record being acknowledged to its last row being readable by a
-   read_committed consumer.
+   read_committed consumer. ``--profile-stage FILE``: py-spy samples that stage process
+   (stage.bench.stage_profile) and the report gives its CPU per input record by function.
 Throughput counts input records (and bytes) from partition assignment to the last commit.
 
 ``--profile agentic-moe`` (or ``frontier``) feeds groups of that workload profile (N=16, ~64
@@ -88,6 +89,7 @@ def _topics(tag: str) -> TopicNames:
 
 
 POOL: dict = {}   # finalize_pool / finalize_workers of the stage runs (bench e2e --workers)
+PROFILE_STAGE: dict = {}   # "path": py-spy's collapsed stacks of the latency phase's stage process
 
 
 def _config(bootstrap: str, topics: TopicNames, routes: str = "off",
@@ -385,8 +387,12 @@ def measure_latency(bootstrap: str, cfg: StageConfig, inputs, rate_groups_s: flo
             writer.sdk.poll(0.005)
 
     acks_thread = threading.Thread(target=serve_acks, daemon=True)
+    sampler = None
     try:
         stage.wait_ready()
+        if PROFILE_STAGE.get("path"):   # after start-up: the stage's CPU per record, not its imports
+            from stage.bench.stage_profile import Sampler
+            sampler = Sampler(stage.proc.pid, PROFILE_STAGE["path"])
         reader_thread.start()
         acks_thread.start()
         time.sleep(1.0)
@@ -404,6 +410,8 @@ def measure_latency(bootstrap: str, cfg: StageConfig, inputs, rate_groups_s: flo
         inside = stage.quantiles(("finalize_seconds", "publish_seconds", "group_fill_seconds"))
     finally:
         stop.set()
+        if sampler is not None:
+            sampler.stop()
         stage.stop()
         if reader_thread.is_alive():
             reader_thread.join(10)
@@ -422,8 +430,12 @@ def run(*, bootstrap: str | None = None, groups: int | None = None, n: int = 4, 
         tokens: int = 128, layers: int | None = None, topk: int = 2, partitions: int = 2,
         latency_seconds: float = 10.0, as_json: bool = False, profile: str = "default",
         routes: str = "off", pool: str = "thread", workers: int = 1, route_staging: str = "by-reference",
-        group_size: int | None = None, anchor: bool = True) -> dict:
+        group_size: int | None = None, anchor: bool = True, profile_stage: str | None = None) -> dict:
     POOL.update(finalize_pool=pool, finalize_workers=workers)
+    PROFILE_STAGE["path"] = profile_stage
+    if profile_stage:
+        from stage.bench.stage_profile import py_spy
+        py_spy()   # fail before the broker starts, not after the throughput runs
     from stage.bench.broker import bench_broker
     with bench_broker(bootstrap) as (servers, kind):
         return _run(servers, groups, n, calls, tokens, layers, topk, partitions, latency_seconds,
@@ -552,6 +564,11 @@ def _run(bootstrap, groups, n, calls, tokens, layers, topk, partitions, latency_
         latency_inputs = by_reference(latency_inputs)
     latencies, inside = measure_latency(bootstrap, _config(bootstrap, sets["latency"], routes, record_cap),
                                         latency_inputs, rate, group_size=n)
+    stage_profile = None
+    if PROFILE_STAGE.get("path"):
+        from stage.bench.stage_profile import summarize
+        stage_profile = summarize(PROFILE_STAGE["path"], sum(len(r) for _, r in latency_inputs))
+        stage_profile["groups"] = len(latency_inputs)
     fetched_total = sum(fetched.values())
     p99_target = 250.0 if profile == "default" else TARGET_P99_MS
     report = {
@@ -578,6 +595,8 @@ def _run(bootstrap, groups, n, calls, tokens, layers, topk, partitions, latency_
                     "inside_stage_ms": inside},
         "load_after": load_average(), "machine": machine_info(),
     }
+    if stage_profile is not None:
+        report["stage_profile"] = stage_profile
     targets = {"passthrough_ratio": (report["throughput_ratio"], ">=", 0.8),
                "latency_p99_ms": (report["latency"]["p99_ms"], "<=", p99_target)}
     if routes == "deferred" and has_routes:
@@ -652,4 +671,7 @@ def _print(report, broker_kind, partitions, routes, route_staging, line, load_be
         print("  inside the stage (bucket bounds): " + ", ".join(
             f"{name.replace('_seconds', '')} p50 <= {v['p50_le']:.0f} / p99 <= {v['p99_le']:.0f} ms"
             for name, v in lat["inside_stage_ms"].items()))
+    if "stage_profile" in report:
+        from stage.bench.stage_profile import print_summary
+        print_summary(report["stage_profile"])
     print(f"machine load after: {report['load_after']}")

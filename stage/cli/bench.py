@@ -49,6 +49,10 @@ def add_parsers(commands) -> None:
     e2e.add_argument("--finalize-pool", choices=("thread", "process"), default="thread",
                      help="the stage's finalize_pool")
     e2e.add_argument("--finalize-workers", type=at_least(1), default=1, help="the stage's finalize_workers")
+    e2e.add_argument("--profile-stage", metavar="FILE",
+                     help="sample the latency phase's stage process with py-spy (on PATH or $PY_SPY) into "
+                          "FILE (collapsed stacks) and print its GIL-held time per input record by function "
+                          "(default: not sampled)")
 
     finalize = add_parser(which, "finalize", "finalize_group time split (verify, routes, tensorize)")
     finalize.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -123,7 +127,8 @@ def main(args) -> int:
                          layers=args.layers, latency_seconds=args.latency_seconds, as_json=args.json,
                          profile=args.profile, routes=args.routes, pool=args.finalize_pool,
                          workers=args.finalize_workers, route_staging=args.route_staging,
-                         group_size=args.group_size, anchor=not args.no_anchor)
+                         group_size=args.group_size, anchor=not args.no_anchor,
+                         profile_stage=args.profile_stage)
         return 0 if report["meets_targets"] else 1
     if args.bench == "finalize":
         _torch_threads(args.torch_threads)

@@ -3,6 +3,7 @@ staged_row returns, a record it cannot vouch for comes back None, and a fetch th
 buffer's token source fails exactly as converting the records one at a time does."""
 
 import copy
+import dataclasses
 
 import numpy as np
 import pytest
@@ -117,3 +118,59 @@ def test_a_fetch_fails_with_the_first_error_in_key_order(bad_at, second):
     except ValueError:
         outcome = "ValueError"
     assert outcome == ("ValueError" if bad_at % len(rollout) != 0 else "KeyError")
+
+
+def _group(seed=3):
+    """Two rollouts' records of one group, and each rollout's staging keys."""
+    rollouts = _records(seed=seed, groups=1)
+    return ([r for rollout in rollouts for r in rollout],
+            [[f"{r['rollout_id']}/{r['model_call_id']}" for r in rollout] for rollout in rollouts])
+
+
+def test_the_first_fetch_converts_the_whole_group_in_one_pass(monkeypatch):
+    import stage.runtime.task.source as source_module
+    records, keys = _group()
+    calls = []
+
+    def counted(payloads, *args, **kwargs):
+        calls.append(len(payloads))
+        return staged_rows(payloads, *args, **kwargs)
+
+    monkeypatch.setattr(source_module, "staged_rows", counted)
+    source = _source(records)
+    first = source.fetch_for_finalization(keys[0])
+    assert calls == [len(records)]
+    assert sorted(source.converted()) == sorted(keys[0])   # only what was fetched shows
+    second = source.fetch_for_finalization(keys[1])
+    assert calls == [len(records)]                         # the group pass produced them all
+    by_key = {f"{r['rollout_id']}/{r['model_call_id']}": r for r in records}
+    for fetched, rollout_keys in ((first, keys[0]), (second, keys[1])):
+        assert [f.snapshot.to_json() for f in fetched] == \
+            [staged_row(by_key[k]).snapshot.to_json() for k in rollout_keys]
+
+
+def test_a_bad_record_of_one_rollout_leaves_the_others_fetch_alone():
+    records, keys = _group()
+    bad_key = keys[1][1]
+    bad = next(r for r in records if f"{r['rollout_id']}/{r['model_call_id']}" == bad_key)
+    MUTATIONS["tampered token"](bad)
+    source = _source(records)
+    assert [f.snapshot.digest for f in source.fetch_for_finalization(keys[0])] == _one_at_a_time(records, keys[0])
+    with pytest.raises(ValueError) as error:
+        source.fetch_for_finalization(keys[1])
+    assert f"ValueError: {error.value}" == _one_at_a_time(records, keys[1])
+
+
+def test_an_unreadable_spilled_record_fails_only_its_own_rollouts_fetch():
+    records, keys = _group()
+    source = _source(records)
+    unreadable = keys[1][0]
+    source.staged[unreadable] = dataclasses.replace(source.staged[unreadable], spilled=100)
+
+    def load(payload):
+        raise ValueError("spill file is gone")
+
+    source.load = load
+    assert [f.snapshot.digest for f in source.fetch_for_finalization(keys[0])] == _one_at_a_time(records, keys[0])
+    with pytest.raises(ValueError, match="spill file is gone"):
+        source.fetch_for_finalization(keys[1])

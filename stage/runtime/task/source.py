@@ -1,8 +1,11 @@
 """TokenSource over a group's buffered StagedCall records (finalization reads from here).
 
-A fetch converts the records it has not converted yet together (``staged_rows``: one pass
-validates their snapshots and call digests), then each key in order through ``staged_row``
-unless that pass already produced its row, so errors are those of converting one at a time."""
+The first fetch converts every record of the group together (``staged_rows``: one pass
+validates their snapshots and call digests: a dozen numpy calls per group instead of per
+rollout, issue 31); a row that pass produced is handed out when its key is first fetched. A
+fetch then converts its keys that pass did not produce together, then each key in order through
+``staged_row`` unless a pass already produced its row, so errors are those of converting one at
+a time."""
 
 from __future__ import annotations
 
@@ -31,6 +34,9 @@ class BufferTokenSource:
         self.routes = routes         # RouteChunks (direct router replay), else None
         self._rows: dict[str, StagedRow] = {}
         self._failed: dict[str, Exception] = {}   # joins that failed in a batch, raised in key order
+        # the group-wide pass's outcomes, not fetched yet: a rollout that is never fetched (its
+        # receipt refused first) must not show its rows in ``converted`` (the group's plans)
+        self._ready: dict[str, StagedRow | Exception] | None = None
 
     def _payload(self, item: StagedItem):
         if item.spilled and self.load is not None:
@@ -59,20 +65,50 @@ class BufferTokenSource:
         return self.routes.join(row)
 
     def _convert_together(self, keys) -> None:
-        todo = [k for k in keys if k not in self._rows and k in self.staged]
+        if self._ready is None:
+            self._ready = self._convert_group()
+        for key in keys:   # what the group-wide pass produced for these keys, now fetched
+            outcome = self._ready.pop(key, None)
+            if isinstance(outcome, StagedRow):
+                self._rows[key] = outcome
+            elif outcome is not None:
+                self._failed[key] = outcome
+        todo = [k for k in keys if k not in self._rows and k not in self._failed and k in self.staged]
         if len(todo) < 2:
             return
         items = [self.staged[k] for k in todo]
         payloads = [self._payload(i) for i in items]
-        for key, row, payload in zip(todo, staged_rows(payloads, self.limits,
+        self._store(todo, items, payloads, self._rows, self._failed)
+
+    def _store(self, keys, items, payloads, rows: dict, failed: dict) -> None:
+        """``staged_rows`` of ``payloads``: each row produced into ``rows``, each failed join
+        (raised when its key is fetched) into ``failed``; a row not produced is left out."""
+        for key, row, payload in zip(keys, staged_rows(payloads, self.limits,
                                                        partitions=[i.position.partition for i in items]),
                                      payloads):
             if row is None:
                 continue
             try:
-                self._rows[key] = self._joined(row, payload)
-            except (KeyError, TypeError, ValueError) as error:   # raised when its key is fetched
-                self._failed[key] = error
+                rows[key] = self._joined(row, payload)
+            except (KeyError, TypeError, ValueError) as error:
+                failed[key] = error
+
+    def _convert_group(self) -> dict:
+        """Every record of the group in one ``staged_rows`` pass (an accelerator only: whatever it
+        does not produce, or cannot read, is converted per fetch as before, raising there)."""
+        keys, items, payloads = [], [], []
+        for key, item in self.staged.items():
+            try:
+                payload = self._payload(item)
+            except Exception:   # noqa: BLE001 - a spilled record that cannot be read back fails
+                continue        # when (and if) its own rollout fetches it, not another's
+            keys.append(key)
+            items.append(item)
+            payloads.append(payload)
+        rows: dict = {}
+        if len(keys) >= 2:
+            self._store(keys, items, payloads, rows, rows)
+        return rows
 
     def fetch_for_finalization(self, staging_keys, *, include_route_fragments=False,
                                include_topk=False) -> list[FetchedStagedCall]:
