@@ -41,9 +41,7 @@ def test_a_replica_cut_from_every_broker_past_its_session_is_a_harmless_zombie(n
         run.episode(faults.hold, zombie, net.node_ids, SESSION_S + run.rng.uniform(4, 10))
         # the heir took the zombie's partition while it was cut off
         assert run.procs[heir].assigned() == {0, 1}, f"[{run.context}] no takeover\n{run.procs[heir].tail()}"
-        _no_exit_no_traceback(run)
-        verdict = run.finish()
-        _report(run, verdict)
+        _finish(run)
 
 
 @SEEDS
@@ -55,9 +53,7 @@ def test_latency_spikes_and_jitter_on_one_replica_and_its_transaction_coordinato
         coordinator = net.transaction_coordinator(run.cfgs[replica].transactional_id)
         spike = run.rng.randint(2000, 5000)
         run.episode(faults.latency(spike, spike // 4), replica, [coordinator], run.rng.uniform(6, 10))
-        _no_exit_no_traceback(run)
-        verdict = run.finish()
-        _report(run, verdict)
+        _finish(run)
 
 
 @SEEDS
@@ -70,9 +66,7 @@ def test_a_replica_cut_from_its_transaction_coordinator_while_it_commits(net, tm
         # the computed coordinator is the one that initialized the replica's producer
         assert tx_id in net.kraft.node(coordinator).log_tail(5000), f"[{run.context}] coordinator {coordinator}?"
         run.episode(cut, replica, [coordinator], run.rng.uniform(5, 12))
-        _no_exit_no_traceback(run)
-        verdict = run.finish()
-        _report(run, verdict)
+        _finish(run)
 
 
 @SEEDS
@@ -82,9 +76,7 @@ def test_connections_reset_slowly_closed_and_sliced(net, tmp_path, seed):
                       faults.slow_close(run.rng.randint(1000, 5000)),
                       faults.slicer(run.rng.randint(16, 128), 8, run.rng.randint(50, 500))):
             run.episode(fault, run.rng.choice(net.clients), net.node_ids, run.rng.uniform(4, 8))
-        _no_exit_no_traceback(run)
-        verdict = run.finish()
-        _report(run, verdict)
+        _finish(run)
 
 
 @SEEDS
@@ -92,6 +84,10 @@ def test_a_bandwidth_limit_on_one_broker(net, tmp_path, seed):
     with NetRun(net, tmp_path, seed) as run:
         replica, broker = run.rng.choice(net.clients), run.rng.choice(net.node_ids)
         run.episode(faults.bandwidth(run.rng.randint(1, 8)), replica, [broker], run.rng.uniform(6, 10))
-        _no_exit_no_traceback(run)
-        verdict = run.finish()
-        _report(run, verdict)
+        _finish(run)
+
+
+def _finish(run) -> None:
+    """Every test's end: no replica exited or logged a traceback, then the verifier's verdict."""
+    _no_exit_no_traceback(run)
+    _report(run, run.finish())
