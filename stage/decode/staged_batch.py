@@ -40,9 +40,21 @@ def _plain_fields(record: dict) -> dict | None:
 
 
 def staged_rows(records: Sequence[dict], limits: InputLimits = InputLimits(), *,
-                partitions: Sequence[int | None] | None = None) -> list[StagedRow | None]:
+                partitions: Sequence[int | None] | None = None,
+                packing: dict | None = None) -> list[StagedRow | None]:
     """``staged_row`` of each record that is valid throughout; None for any other.
-    ``partitions``: each record's own (what a route reference must name), None: unchecked."""
+    ``partitions``: each record's own (what a route reference must name), None: unchecked.
+    ``packing``: a dict that receives ``packed``, the columns the rows were checked on (or
+    None), and ``rows``, each record's row index in them (None where no row came back): the
+    verifier takes a rollout's rows from that pack (``PackedRows.select``) instead of packing
+    them again."""
+    out, packed, rows = _staged_rows(records, limits, partitions)
+    if packing is not None:
+        packing.update(packed=packed, rows=rows)
+    return out
+
+
+def _staged_rows(records, limits, partitions):
     snapshots: list[StagedCallBaseSnapshot | None] = []
     for record in records:
         fields = _plain_fields(record)
@@ -61,20 +73,25 @@ def staged_rows(records: Sequence[dict], limits: InputLimits = InputLimits(), *,
     # (try_pack refuses anything else: then every row takes the exact path).
     packed = PackedRows.try_pack(plain) if plain else None
     if packed is None:
-        return [None] * len(records)
+        return [None] * len(records), None, [None] * len(records)
     digests = iter(packed.call_digests(plain))   # None where a rule or an encoding says no
     out: list[StagedRow | None] = []
+    rows: list[int | None] = []
+    row = -1
     for index, (record, snapshot) in enumerate(zip(records, snapshots)):
         if snapshot is None:
             out.append(None)
+            rows.append(None)
             continue
+        row += 1
         digest = next(digests)
-        if digest is None or digest != snapshot.digest:
-            out.append(None)
-            continue
-        try:
-            out.append(staged_row_of(record, snapshot, limits,
-                                     partition=None if partitions is None else partitions[index]))
-        except (ValueError, TypeError, KeyError):
-            out.append(None)
-    return out
+        made = None
+        if digest is not None and digest == snapshot.digest:
+            try:
+                made = staged_row_of(record, snapshot, limits,
+                                     partition=None if partitions is None else partitions[index])
+            except (ValueError, TypeError, KeyError):
+                made = None
+        out.append(made)
+        rows.append(None if made is None else row)
+    return out, packed, rows
