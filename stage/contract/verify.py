@@ -196,7 +196,23 @@ def _recompute_digest(record, s, packed, i):
 
 
 def _check_graph(manifest, by_id) -> None:
-    """Phase C, step 9: parents exist, lengths join, no cycles (memoized ancestry walks)."""
+    """Phase C, step 9: parents exist, lengths join, no cycles (memoized ancestry walks).
+
+    Producers list a call after its parent: when every parent's row comes before its child's,
+    no cycle can exist, and the walks (a set and a list per row) are skipped; the first two
+    checks run in the same order either way, so the first error is the same."""
+    ordered = True
+    for i, record in enumerate(manifest):
+        parent = record.parent_call_id
+        if parent is None:
+            continue
+        at = by_id.get(parent)
+        if at is None or manifest[at].cum_len != record.prev_len:
+            ordered = False   # the full pass below raises it, with its text
+            break
+        ordered = ordered and at < i
+    if ordered:
+        return
     acyclic: set[str] = set()
     for record in manifest:
         call_id, parent = record.model_call_id, record.parent_call_id
