@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
 from stage.contract import StagedCallBaseSnapshot
 from stage.contract.constants import CAPTURE_MODES
 from stage.contract.encoding import U64_MAX, is_digest_hex
@@ -39,6 +41,30 @@ def _plain_fields(record: dict) -> dict | None:
     return fields if ok else None
 
 
+_IDS = {"uint32": np.dtype("<u4"), "uint64": np.dtype("<u8")}     # unsigned: none is negative
+_FLOATS = {"float32": np.dtype("<f4"), "float64": np.dtype("<f8")}
+_COLUMNS = (("token_ids_delta", _IDS, np.uint64), ("token_mask_delta", _FLOATS, np.float64),
+            ("generation_log_probs_delta", _FLOATS, np.float64))
+
+
+def _plain_columns(record: dict, delta: int):
+    """``staged_columns`` of a record whose three columns are plainly what it accepts (a
+    PackedTensor dict of an unsigned id or float dtype, shape [delta_len], exactly its bytes):
+    the same arrays without unpack_tensor's checks of everything else; None for anything else
+    (``staged_columns`` then decides, raising its error)."""
+    out = []
+    for name, dtypes, target in _COLUMNS:
+        tensor = record.get(name)
+        if type(tensor) is not dict:
+            return None
+        dtype, shape, data = dtypes.get(tensor.get("dtype")), tensor.get("shape"), tensor.get("data")
+        if (dtype is None or type(shape) is not list or len(shape) != 1 or type(shape[0]) is not int
+                or shape[0] != delta or type(data) is not bytes or len(data) != delta * dtype.itemsize):
+            return None
+        out.append(np.frombuffer(data, dtype).astype(target))
+    return out
+
+
 def staged_rows(records: Sequence[dict], limits: InputLimits = InputLimits(), *,
                 partitions: Sequence[int | None] | None = None,
                 packing: dict | None = None) -> list[StagedRow | None]:
@@ -60,8 +86,9 @@ def _staged_rows(records, limits, partitions):
         fields = _plain_fields(record)
         snapshot = None
         if fields is not None:
+            columns = _plain_columns(record, fields["delta_len"])
             try:
-                ids, mask, logprobs = staged_columns(record)
+                ids, mask, logprobs = columns if columns is not None else staged_columns(record)
             except (ValueError, TypeError, KeyError):
                 ids = None
             if ids is not None:
