@@ -103,3 +103,9 @@ def test_a_tampered_row_fails_the_same_way_on_a_selected_pack():
     with pytest.raises(Exception) as shared:
         verify_and_linearize(receipt, snapshots, packed=view)
     assert (type(shared.value), str(shared.value)) == (type(own.value), str(own.value))
+
+
+def test_bench_verifys_stage_path_verifies_the_same_row():
+    from stage.bench.verify import stage_path
+    receipt, snapshots = build_rollout(calls=9, root_prompt=64, carry=16, generated=32)
+    assert _row_fields(stage_path(receipt, snapshots)()) == _row_fields(verify_and_linearize(receipt, snapshots))
