@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import struct
 from itertools import accumulate
-from operator import attrgetter
+from operator import attrgetter, is_
 
 import numpy as np
 
@@ -87,8 +87,13 @@ def _packed_column(arrays: list, dtype) -> np.ndarray:
 
 
 class PackedRows:
-    __slots__ = ("offsets", "bounds", "lengths", "tokens", "masks", "logprobs", "token_be",
-                 "mask_f32", "lp_f32", "carry", "order_ok", "token_rows")
+    """The columns of ``sources`` (snapshots) packed and checked; row ``i`` is
+    ``starts[i]:ends[i]`` of every column. ``select`` views some rows of a larger pack (a
+    group's, packed when its staged calls were converted) without copying a column: the
+    verifier binds a rollout's rows to them instead of packing the same rows again."""
+
+    __slots__ = ("starts", "ends", "lengths", "tokens", "masks", "logprobs", "token_be",
+                 "mask_f32", "lp_f32", "carry", "order_ok", "token_rows", "sources")
 
     @classmethod
     def try_pack(cls, snapshots) -> "PackedRows | None":
@@ -101,10 +106,12 @@ class PackedRows:
         if 0 in lengths or lengths != list(map(len, masks)) or lengths != list(map(len, lps)):
             return None
         self = cls()
+        self.sources = list(snapshots)
         self.lengths = lengths
-        self.bounds = [0, *accumulate(lengths)]
-        self.offsets = np.array(self.bounds, dtype=np.int64)
-        total = self.bounds[-1]
+        bounds = [0, *accumulate(lengths)]
+        self.starts, self.ends = bounds[:-1], bounds[1:]
+        offsets = np.array(bounds, dtype=np.int64)
+        total = bounds[-1]
         self.tokens = _packed_column(ids, _U64)
         self.masks = _packed_column(masks, _F64)
         self.logprobs = _packed_column(lps, _F64)
@@ -122,27 +129,41 @@ class PackedRows:
         self.mask_f32 = self.masks.astype(_BE_F32)
         self.token_be = self.tokens.astype(_BE_U64)
         tokens = memoryview(self.token_be)   # each row's n x u64be image, as a buffer (no copy)
-        self.token_rows = [tokens[a:b] for a, b in zip(self.bounds, self.bounds[1:])]
-        self._mask_shape(generated)
+        self.token_rows = [tokens[a:b] for a, b in zip(self.starts, self.ends)]
+        self._mask_shape(generated, offsets)
         return self
 
-    def _mask_shape(self, generated: np.ndarray) -> None:
+    def select(self, rows: list[int]) -> "PackedRows":
+        """A pack of rows ``rows`` of this one (in that order), sharing its columns."""
+        view = PackedRows()
+        view.tokens, view.masks, view.logprobs = self.tokens, self.masks, self.logprobs
+        view.token_be, view.mask_f32, view.lp_f32 = self.token_be, self.mask_f32, self.lp_f32
+        for name in ("starts", "ends", "lengths", "carry", "order_ok", "token_rows", "sources"):
+            column = getattr(self, name)
+            setattr(view, name, [column[r] for r in rows])
+        return view
+
+    def packs(self, snapshots: list) -> bool:
+        """Whether this pack's rows are exactly ``snapshots`` (the same objects, in order)."""
+        return len(snapshots) == len(self.sources) and all(map(is_, snapshots, self.sources))
+
+    def _mask_shape(self, generated: np.ndarray, offsets: np.ndarray) -> None:
         """Per row: carry length (leading zeros) and whether the mask is carry-then-generation."""
-        starts = self.offsets[:-1]
+        starts = offsets[:-1]
         count = np.int32 if len(generated) < 2**31 else np.int64   # int32 sums: ~40% faster
         ones = np.add.reduceat(generated, starts, dtype=count)
         # a 1 -> 0 step inside a row breaks the order; one across a row boundary is fine
         drops = np.flatnonzero(generated[:-1] > generated[1:]) + 1
         order_ok = np.ones(len(starts), dtype=bool)
         if drops.size:
-            rows = np.searchsorted(self.offsets, drops, side="right") - 1
-            order_ok[rows[drops != self.offsets[rows]]] = False
+            rows = np.searchsorted(offsets, drops, side="right") - 1
+            order_ok[rows[drops != offsets[rows]]] = False
         self.order_ok = order_ok.tolist()
         # With a monotone mask the carry is the count of zeros; a non-monotone row never uses it.
-        self.carry = ((self.offsets[1:] - starts) - ones).tolist()
+        self.carry = ((offsets[1:] - starts) - ones).tolist()
 
     def row(self, i: int) -> slice:
-        return slice(self.bounds[i], self.bounds[i + 1])
+        return slice(self.starts[i], self.ends[i])
 
     def call_digests(self, snapshots) -> list[str | None]:
         """Each row's call digest (its snapshot's metadata over the packed columns), or None for
@@ -158,11 +179,12 @@ class PackedRows:
         digests = digests32([h for s in snapshots
                              for h in (s.extras_digest, s.chain_hash, s.cumulative_hash)])
         masks, lps = memoryview(self.mask_f32).cast("B"), memoryview(self.lp_f32).cast("B")
-        bounds, token_rows, sha256, join, pack = self.bounds, self.token_rows, hashlib.sha256, b"".join, _PACK_LEN
+        starts, ends = self.starts, self.ends
+        token_rows, sha256, join, pack = self.token_rows, hashlib.sha256, b"".join, _PACK_LEN
         texts: dict[str, bytes] = {}   # rollout and call ids: u64(len) || UTF-8
         out: list[str | None] = []
         for i, s in enumerate(snapshots):
-            start, end = bounds[i], bounds[i + 1]
+            start, end = starts[i], ends[i]
             n = end - start
             parent, mode = s.parent_call_id, s.mode
             prev, delta, cum, version = s.prev_len, s.delta_len, s.cum_len, s.weight_version

@@ -10,6 +10,8 @@ Token columns are held as numpy arrays (uint64 ids, float64 masks and log-probs)
 from __future__ import annotations
 
 import json
+import re
+from operator import itemgetter
 from typing import Any, Callable, ClassVar
 
 import numpy as np
@@ -171,6 +173,10 @@ def _record_list(record_cls):
     def parse(v):
         if type(v) is not list:
             raise FieldError(f"expected a list, got {type(v).__name__}")
+        if record_cls is CallRecord:
+            plain = _plain_call_records(v)
+            if plain is not None:
+                return plain
         out = []
         for i, item in enumerate(v):
             if isinstance(item, record_cls):
@@ -394,6 +400,56 @@ class CallRecord(WireRecord):
             raise ValueError("a parentless manifest row must use text mode")
         if self.parent_call_id is not None and self.mode != "token_in":
             raise ValueError("a child manifest row must use token_in mode")
+
+
+_CALL_NAMES = tuple(f[0] for f in CallRecord.FIELDS)
+_CALL_KEYS = frozenset(_CALL_NAMES)
+_call_values = itemgetter(*_CALL_NAMES)
+_HEX_RUN = re.compile(r"[0-9a-f]*")
+
+
+def _plain_call_records(items: list) -> list | None:
+    """The manifest rows of ``items`` without a parser call per field (issue 31: ~12 us a row
+    that way; a 64-call receipt cost half as much as verifying its rollout), when every item
+    is a dict with every CallRecord field, each value one its parser returns unchanged, and the
+    model rules hold; else None, and each item is parsed as before (the first error, in order,
+    with its text). The digests are checked together: one regex over their concatenation."""
+    out, digests = [], []
+    new, values_of, put = CallRecord.__new__, _call_values, object.__setattr__
+    for item in items:
+        if type(item) is not dict or item.keys() != _CALL_KEYS:
+            return None
+        values = values_of(item)
+        (schema, digest_v, extras_v, call_id, parent, prev, delta, cum, weight, digest, extras,
+         key, mode, chain, cumulative, response, admitted, out_fp, cont_fp, fp_v) = values
+        if not (type(schema) is int and schema == 2 and type(digest_v) is int and digest_v == 2
+                and type(extras_v) is int and extras_v == 1
+                and type(call_id) is str and call_id and type(key) is str and key
+                and type(response) is str and response
+                and type(prev) is int and type(delta) is int and type(cum) is int
+                and type(weight) is int and type(fp_v) is int
+                and prev >= 0 and delta > 0 and weight >= 0 and fp_v >= 0 and cum == prev + delta
+                and (prev == 0 and mode == "text" if parent is None else
+                     type(parent) is str and parent and prev != 0 and mode == "token_in")
+                and type(mode) is str
+                and (admitted is None or (type(admitted) is float and admitted - admitted == 0.0))):
+            return None
+        for text in (digest, extras, chain, cumulative):
+            if type(text) is not str or len(text) != 64:
+                return None
+        digests += (digest, extras, chain, cumulative)
+        for text in (out_fp, cont_fp):   # optional: None stays None
+            if text is not None:
+                if type(text) is not str or len(text) != 64:
+                    return None
+                digests.append(text)
+        record = new(CallRecord)
+        for name, value in zip(_CALL_NAMES, values):
+            put(record, name, value)
+        out.append(record)
+    if digests and _HEX_RUN.fullmatch("".join(digests)) is None:
+        return None
+    return out
 
 
 class ManifestFailure(WireRecord):

@@ -39,18 +39,23 @@ R = RebuildError
 _U64 = struct.Struct(">Q").pack
 
 
-def verify_and_linearize(receipt, snapshots, *, digests_verified: bool = False) -> LinearizedRow:
+def verify_and_linearize(receipt, snapshots, *, digests_verified: bool = False,
+                         packed: PackedRows | None = None) -> LinearizedRow:
     """Verify ``receipt`` against ``snapshots`` (one per manifest row, in manifest order) and
     return the linearized terminal chain. Raises ReceiptVerificationError / RebuildError.
 
     ``digests_verified`` (not in Gym's API): the caller built every snapshot through validation
     (which recomputes the call digest) and has not mutated it since, so the per-row digest
     recomputation is skipped. Every other check still runs. The finalizer's staged-row source
-    qualifies; anything holding snapshots it did not validate itself does not."""
+    qualifies; anything holding snapshots it did not validate itself does not.
+
+    ``packed`` (not in Gym's API): these snapshots' columns as the caller already packed them
+    (``PackedRows.select`` of its group's pack), under the same promise; used only when its rows
+    are these very snapshot objects, in order, else the rows are packed here."""
     _gate(receipt)
     manifest = receipt.manifest
     snapshots = list(snapshots)
-    images, packed = _bind_rows(receipt, manifest, snapshots, digests_verified)
+    images, packed = _bind_rows(receipt, manifest, snapshots, digests_verified, packed)
     by_id = {record.model_call_id: i for i, record in enumerate(manifest)}
     _check_graph(manifest, by_id)
     return _linearize(receipt, manifest, snapshots, by_id, images, packed)
@@ -73,7 +78,7 @@ def _gate(receipt) -> None:
         raise E(Code.EMPTY_MANIFEST, "successful receipt has no committed calls")
 
 
-def _bind_rows(receipt, manifest, snapshots, digests_verified: bool = False):
+def _bind_rows(receipt, manifest, snapshots, digests_verified: bool = False, given=None):
     """Phase B: unique ids and keys, one snapshot per row in order, fields equal, digests
     recomputed. Returns each row's big-endian token image and the packed columns (or None)."""
     ids: set[str] = set()
@@ -88,7 +93,9 @@ def _bind_rows(receipt, manifest, snapshots, digests_verified: bool = False):
     if len(snapshots) != len(manifest):
         raise E(Code.ROW_COUNT_MISMATCH, f"{len(snapshots)} snapshots for {len(manifest)} manifest rows")
     packed = None  # a non-snapshot is reported in row order below
-    if all(map(isinstance, snapshots, repeat(StagedCallBaseSnapshot))):
+    if given is not None and given.packs(snapshots):
+        packed = given
+    elif all(map(isinstance, snapshots, repeat(StagedCallBaseSnapshot))):
         packed = PackedRows.try_pack(snapshots)
     seen: set[str] = set()
     images = []
@@ -189,7 +196,23 @@ def _recompute_digest(record, s, packed, i):
 
 
 def _check_graph(manifest, by_id) -> None:
-    """Phase C, step 9: parents exist, lengths join, no cycles (memoized ancestry walks)."""
+    """Phase C, step 9: parents exist, lengths join, no cycles (memoized ancestry walks).
+
+    Producers list a call after its parent: when every parent's row comes before its child's,
+    no cycle can exist, and the walks (a set and a list per row) are skipped; the first two
+    checks run in the same order either way, so the first error is the same."""
+    ordered = True
+    for i, record in enumerate(manifest):
+        parent = record.parent_call_id
+        if parent is None:
+            continue
+        at = by_id.get(parent)
+        if at is None or manifest[at].cum_len != record.prev_len:
+            ordered = False   # the full pass below raises it, with its text
+            break
+        ordered = ordered and at < i
+    if ordered:
+        return
     acyclic: set[str] = set()
     for record in manifest:
         call_id, parent = record.model_call_id, record.parent_call_id
@@ -252,7 +275,7 @@ def _linearize(receipt, manifest, snapshots, by_id, images, packed) -> Linearize
     h = hashlib.sha256(PREFIX_HASH_DOMAIN)
     h.update(_U64(sum(lengths)))
     if packed is not None:
-        parts = _chain_parts(chain, packed.bounds)
+        parts = _chain_parts(chain, packed.starts, packed.ends)
         token_ids = _gather_parts(packed.tokens, parts)
         token_mask = _gather_parts(packed.masks, parts)
         logprobs = _gather_parts(packed.logprobs, parts)
@@ -291,12 +314,12 @@ def _mask_shape(snapshot) -> tuple[int, bool, int]:
     return carry, bool((mask[carry:] == 1.0).all()), n
 
 
-def _chain_parts(chain: list, bounds: list) -> list[slice]:
+def _chain_parts(chain: list, starts: list, ends: list) -> list[slice]:
     """The chain's rows as slices of the packed columns, adjacent rows merged (off-chain rows
     sit between runs)."""
     parts = []
     for r in chain:
-        start, end = bounds[r], bounds[r + 1]
+        start, end = starts[r], ends[r]
         if parts and parts[-1].stop == start:
             parts[-1] = slice(parts[-1].start, end)
         else:

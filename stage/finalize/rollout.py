@@ -148,8 +148,12 @@ class RolloutFinalizer:
             return _reject(rollout_id, reward, R.DUPLICATE_FETCHED_CALL_ID, keys, **info)
         try:
             # Sources validate each snapshot as they build it (digest included): no second pass.
+            # A source that packed the rows' columns hands them over (verify checks that they
+            # are these snapshots' own).
+            packer = getattr(self.source, "packed_rows", None)
             row = verify_and_linearize(parsed, [item.snapshot for item in fetched],
-                                       digests_verified=self.source_validates)
+                                       digests_verified=self.source_validates,
+                                       packed=packer(keys) if packer is not None else None)
         except (KeyError, ValueError, TypeError, ReceiptVerificationError, RebuildError,
                 NotImplementedError) as error:
             return _reject(rollout_id, reward, R.reason(R.REBUILD_FAILED, error), keys, **info)

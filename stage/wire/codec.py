@@ -12,6 +12,11 @@ before fastavro builds anything; fastavro reading from a BytesIO, whose ``read(n
 most what the input holds; no trailing bytes; and a range check of ``int`` fields, because
 fastavro's reader accepts 2^40 in a 32-bit field (a Java reader would not). Enum and union
 values need no check: whatever index fastavro reads, it returns a value of the schema.
+
+An input record written with our own schema is first read by a generated one-pass reader
+(``stage.wire.fastread``) that applies the budget's checks as it builds the record; anything
+off its common path (hostile, malformed, another writer's schema, a memoryview) returns None
+from it and goes through the defences above, which give the reason.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from fastavro.validation import validate
 
 from .bounds import DecodeBudget
 from .errors import RegistryError, SchemaNotCached, WireError
+from .fastread import FastReader
 from .guard import find_error, int_range_checker, named_types
 from .schemas import schema, schema_json
 from .writers import writer_encoding
@@ -115,6 +121,9 @@ class AvroCodec:
             budget = schema_name in INPUT_RECORDS
         # The walk of our own schema (None: decoded without one); writers' walks by schema id.
         self.decode_budget = DecodeBudget(self.schema, schema_name) if budget else None
+        # Records written with our schema take one generated pass first (stage.wire.fastread);
+        # None from it means: decode the careful way below.
+        self._fast = FastReader.build(self.schema, schema_name, self.decode_budget)
         self._previous = _previous_writer(schema_name)
         self._previous_budget = (DecodeBudget(self._previous, schema_name)
                                  if budget and self._previous is not None else None)
@@ -217,6 +226,10 @@ class AvroCodec:
             writer, start = self._writer_schema(schema_id, fetch), HEADER_BYTES
             if writer is not None and budget is not None:
                 budget = self._writer_budgets[schema_id]
+        if writer is None and self._fast is not None and type(data) is bytes:
+            record = self._fast.read(data, start, size)
+            if record is not None:
+                return record
         if budget is not None:
             try:
                 budget.check(data, start, size)

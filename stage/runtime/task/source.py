@@ -5,11 +5,13 @@ validates their snapshots and call digests: a dozen numpy calls per group instea
 rollout, issue 31); a row that pass produced is handed out when its key is first fetched. A
 fetch then converts its keys that pass did not produce together, then each key in order through
 ``staged_row`` unless a pass already produced its row, so errors are those of converting one at
-a time."""
+a time. The pass's packed columns are kept: ``packed_rows`` hands a rollout's rows of them to
+the verifier, which then does not pack them again."""
 
 from __future__ import annotations
 
 from stage.buffer import StagedItem
+from stage.contract.packed import PackedRows
 from stage.decode import InputLimits, release_routes, staged_row
 from stage.decode.route_chunks import join_route_chunks
 from stage.decode.staged_batch import staged_rows
@@ -37,6 +39,8 @@ class BufferTokenSource:
         # the group-wide pass's outcomes, not fetched yet: a rollout that is never fetched (its
         # receipt refused first) must not show its rows in ``converted`` (the group's plans)
         self._ready: dict[str, StagedRow | Exception] | None = None
+        # staging key -> (the pack its row was checked on, its index there): ``packed_rows``
+        self._packed: dict[str, tuple] = {}
 
     def _payload(self, item: StagedItem):
         if item.spilled and self.load is not None:
@@ -83,15 +87,20 @@ class BufferTokenSource:
     def _store(self, keys, items, payloads, rows: dict, failed: dict) -> None:
         """``staged_rows`` of ``payloads``: each row produced into ``rows``, each failed join
         (raised when its key is fetched) into ``failed``; a row not produced is left out."""
-        for key, row, payload in zip(keys, staged_rows(payloads, self.limits,
-                                                       partitions=[i.position.partition for i in items]),
-                                     payloads):
+        packing: dict = {}
+        made = staged_rows(payloads, self.limits, partitions=[i.position.partition for i in items],
+                           packing=packing)
+        packed, indices = packing.get("packed"), packing.get("rows") or [None] * len(made)
+        for key, row, payload, index in zip(keys, made, payloads, indices):
             if row is None:
                 continue
             try:
                 rows[key] = self._joined(row, payload)
             except (KeyError, TypeError, ValueError) as error:
                 failed[key] = error
+                continue
+            if packed is not None and index is not None:
+                self._packed[key] = (packed, index)
 
     def _convert_group(self) -> dict:
         """Every record of the group in one ``staged_rows`` pass (an accelerator only: whatever it
@@ -121,6 +130,14 @@ class BufferTokenSource:
         return fetched_from_rows(keys, [self._row(k) for k in keys], where=self.partition_name,
                                  include_route_fragments=include_route_fragments,
                                  include_topk=include_topk)
+
+    def packed_rows(self, staging_keys) -> PackedRows | None:
+        """The packed columns of these keys' rows, in this order, when one group pass produced
+        them all (verify_and_linearize checks that they are the rows it is given)."""
+        found = [self._packed.get(key) for key in staging_keys]
+        if not found or None in found or len({id(pack) for pack, _ in found}) != 1:
+            return None
+        return found[0][0].select([index for _, index in found])
 
     def converted(self) -> dict[str, StagedRow]:
         """The rows converted so far, by staging key (what the group's plans are built from)."""
