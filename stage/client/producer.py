@@ -50,6 +50,7 @@ from stage.client.records import (
 from stage.client.route_staging import (
     MAX_CHUNK_ROUNDS,
     ChunkEncoder,
+    ChunkHasher,
     PendingCall,
     RoutePayload,
     reference_bytes,
@@ -162,6 +163,7 @@ class StagingProducer:
                                 ("ReceiptEvent", self.topics.receipts),
                                 ("RouteChunk", self.topics.staged_routes))}
         self._chunks = ChunkEncoder(self.codecs["RouteChunk"])
+        self._hasher = ChunkHasher()
         self.on_delivery = on_delivery
         self._lock = threading.Lock()
         self._contact = threading.Lock()
@@ -174,7 +176,8 @@ class StagingProducer:
 
     # -- records of the contract -----------------------------------------------------------
     def send_staged(self, group_id: str, value: Mapping[str, Any], *, headers=None,
-                    on_delivery: DeliveryCallback | None = None) -> int:
+                    on_delivery: DeliveryCallback | None = None,
+                    _chunk_digests: Callable[[], list[str]] | None = None) -> int:
         """Encode and produce one StagedCall value (``stage.client.records``); returns the bytes
         queued. With ``routes_by_reference`` and inline ``routed_experts`` in ``value``: its
         route chunks now, the StagedCall (``routes_ref`` set, ``routed_experts`` null) once
@@ -186,7 +189,13 @@ class StagingProducer:
             return self.produce(self.topics.staged_calls, group_id,
                                 self.codecs["StagedCall"].encode(value), headers=headers,
                                 on_delivery=on_delivery)
-        return self._send_by_reference(group_id, value, routes, headers, on_delivery)
+        return self._send_by_reference(group_id, value, routes, headers, on_delivery, _chunk_digests)
+
+    def chunk_digests(self, raw) -> Callable[[], list[str]] | None:
+        """For ``RolloutStager.stage``: start hashing the route chunks ``raw`` (a call's route
+        payload) will be sent as, beside the caller's own work (``ChunkHasher``); None when
+        routes do not go by reference."""
+        return self._hasher.start(raw, self.route_chunk_bytes) if self.routes_by_reference else None
 
     def send_receipt(self, group_id: str, value: Mapping[str, Any], **kwargs) -> int:
         """Encode and produce one ReceiptEvent value (``receipt_event``); returns bytes."""
@@ -195,7 +204,7 @@ class StagingProducer:
 
     # -- routes by reference (claim-check) ---------------------------------------------------
     def _send_by_reference(self, group_id: str, value: Mapping[str, Any], routes, headers,
-                           on_delivery) -> int:
+                           on_delivery, chunk_digests=None) -> int:
         payload = RoutePayload.of(routes, value.get("delta_len"))
         call = {**value, "routed_experts": None, "routes_ref": None}
         staging_key = call.get("staging_key")
@@ -214,7 +223,8 @@ class StagingProducer:
                 f"to {self.topics.staged_routes}): its token columns, media or top-k are too large for "
                 "one record; raise max_record_bytes together with the topic's max.message.bytes, "
                 "or stage the call's tokens in more calls")
-        records, digests = self._encode_chunks(group_id, staging_key, pieces)
+        digests = chunk_digests() if chunk_digests is not None else None
+        records, digests = self._encode_chunks(group_id, staging_key, pieces, digests)
         pending = PendingCall(group_id, call, payload, [p.nbytes for p in pieces], digests,
                               self.topics.staged_routes)
         pending.headers, pending.on_delivery = headers, on_delivery
@@ -232,10 +242,15 @@ class StagingProducer:
         self.producer.poll(0)
         return sum(map(len, records))
 
-    def _encode_chunks(self, group_id: str, staging_key: str, pieces) -> tuple[list[bytes], list[str]]:
+    def _encode_chunks(self, group_id: str, staging_key: str, pieces,
+                       known: list[str] | None = None) -> tuple[list[bytes], list[str]]:
+        """``known``: the pieces' digests, computed already (a list of another length is ignored)."""
+        if known is not None and len(known) != len(pieces):
+            known = None
         records, digests = [], []
         for index, piece in enumerate(pieces):    # every chunk encoded before one is produced
-            record, digest = self._chunks.encode(group_id, staging_key, index, len(pieces), piece)
+            record, digest = self._chunks.encode(group_id, staging_key, index, len(pieces), piece,
+                                                 digest=None if known is None else known[index])
             records.append(record)
             digests.append(digest)
         return records, digests
@@ -442,16 +457,22 @@ class StagingProducer:
         self.raise_for_errors()
 
     def close(self, timeout: float = 60.0) -> None:
-        self.flush(timeout)
+        try:
+            self.flush(timeout)
+        finally:
+            self._hasher.close()
 
     def __enter__(self) -> "StagingProducer":
         return self
 
     def __exit__(self, exc_type, *_exc) -> None:
-        if exc_type is None:
-            self.flush()
-        else:  # do not hide the original error behind a delivery error (nor wait for none)
-            self.producer.flush(0 if self._unreachable is not None else 5)
+        try:
+            if exc_type is None:
+                self.flush()
+            else:  # do not hide the original error behind a delivery error (nor wait for none)
+                self.producer.flush(0 if self._unreachable is not None else 5)
+        finally:
+            self._hasher.close()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -505,7 +526,8 @@ class RolloutStager:
                 routed_experts_boundary=None, route_dtype: str = "int16",
                 extras: Mapping[str, Any] | None = None, media: StagedMedia | None = None,
                 topk: TopK | None = None, response_id: str | None = None,
-                admitted_at: float | None = None, _route_views: bool = False) -> PreparedCall:
+                admitted_at: float | None = None, _route_views: bool = False,
+                _routes_seen: Callable[[Any], None] | None = None) -> PreparedCall:
         """``prompt_delta``: tokens this call adds before generating (the whole prompt for a
         root, the new turn for a child); ``routed_experts``: ``[len(prompt_delta) +
         len(generated), L, K]``; ``routed_experts_boundary``: ``[1, L, K]``, the child's prefill
@@ -520,6 +542,9 @@ class RolloutStager:
         # text, and the wire value takes the tensors as they are.
         call_extras = route_envelopes(routed_experts, boundary=routed_experts_boundary,
                                       boundary_index=boundary_index, dtype=route_dtype, extras=extras)
+        envelope = None if call_extras is None else call_extras.get(ROUTED_EXPERTS_FIELD)
+        if _routes_seen is not None and isinstance(envelope, RouteEnvelope):
+            _routes_seen(envelope.raw)   # stage(): the chunk digests start beside Gym's digest
         staged = self.builder.stage(
             model_call_id, parent_call_id=parent_call_id, prompt_delta=prompt_delta,
             generated=generated, generated_logprobs=generated_logprobs,
@@ -538,8 +563,16 @@ class RolloutStager:
         """Prepare and produce one call; returns its manifest row (CallRecord)."""
         if self.producer is None:
             raise RuntimeError("this stager has no producer: use prepare()")
-        prepared = self.prepare(model_call_id, **kwargs, _route_views=True)
-        self.producer.send_staged(self.group_id, prepared.value)
+        digests = []
+
+        def routes_seen(raw) -> None:
+            digests.append(self.producer.chunk_digests(raw))
+
+        prepared = self.prepare(model_call_id, **kwargs, _route_views=True, _routes_seen=routes_seen)
+        # The digests were hashed from the envelope's bytes, the very bytes the value's routes
+        # view (copy_routes=False), split at the producer's chunk size as send_staged splits them.
+        self.producer.send_staged(self.group_id, prepared.value,
+                                  _chunk_digests=digests[0] if digests and digests[0] else None)
         return prepared.manifest_row
 
     def receipt(self, terminal_model_call_id: str | None = None, *, order=None, reward=None,

@@ -12,7 +12,8 @@ and ``PendingCall``, the state of one call between its first chunk and its stage
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,10 +84,13 @@ class ChunkEncoder:
             raise ValueError("ChunkEncoder needs the RouteChunk codec, whose last field is data")
         self.codec = codec
 
-    def encode(self, group_id: str, staging_key: str, index: int, count: int, data) -> tuple[bytes, str]:
-        """(the record, the data's SHA-256 hex)."""
+    def encode(self, group_id: str, staging_key: str, index: int, count: int, data,
+               digest: str | None = None) -> tuple[bytes, str]:
+        """(the record, the data's SHA-256 hex); ``digest``: that hex, computed already (by
+        ``ChunkHasher`` over these very bytes)."""
         view = memoryview(data).cast("B")
-        digest = chunk_sha256(view)
+        if digest is None:
+            digest = chunk_sha256(view)
         head = self.codec.encode({"group_id": group_id, "staging_key": staging_key, "index": index,
                                   "count": count, "sha256": digest, "data": b""})
         record = b"".join((head[:-1], _zigzag_long(view.nbytes), view))
@@ -94,6 +98,53 @@ class ChunkEncoder:
             raise WireError(f"RouteChunk {index} of {staging_key} is {len(record)} bytes, over "
                             f"max_record_bytes={self.codec.max_record_bytes}: lower route_chunk_bytes")
         return record, digest
+
+
+class ChunkHasher:
+    """A call's chunk digests computed on a helper thread while the caller computes Gym's
+    extras digest over the same routes (hashlib releases the GIL for buffers this size, so the
+    two SHA-256 passes run side by side on two cores instead of one after the other). One job
+    at a time: while the helper is busy (calls staged from several threads at once), or for a
+    small payload, the caller hashes itself, when it needs the digests."""
+
+    MIN_BYTES = 256 << 10   # below this, handing the work over costs about what it saves
+
+    def __init__(self) -> None:
+        self._pool: ThreadPoolExecutor | None = None
+        self._busy = threading.Lock()
+        self._start = threading.Lock()
+
+    def start(self, raw, chunk_bytes: int) -> Callable[[], list[str]]:
+        """Begin hashing ``raw``'s pieces of ``chunk_bytes``; returns what waits for (or, when
+        not handed over, computes) their hex digests, in order. ``raw`` must not change until
+        then."""
+        pieces = split_payload(raw, chunk_bytes)
+        if sum(p.nbytes for p in pieces) < self.MIN_BYTES or not self._busy.acquire(blocking=False):
+            return lambda: [chunk_sha256(p) for p in pieces]
+        try:
+            future = self._executor().submit(self._hash, pieces)
+        except BaseException:   # e.g. shut down: hash inline
+            self._busy.release()
+            return lambda: [chunk_sha256(p) for p in pieces]
+        return future.result
+
+    def _hash(self, pieces) -> list[str]:
+        try:
+            return [chunk_sha256(p) for p in pieces]
+        finally:
+            self._busy.release()
+
+    def _executor(self) -> ThreadPoolExecutor:
+        with self._start:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(1, thread_name_prefix="route-chunk-sha256")
+            return self._pool
+
+    def close(self) -> None:
+        with self._start:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
 
 
 @dataclass(frozen=True)
@@ -238,5 +289,5 @@ class PendingCall:
 # Rounds of a call's chunks before its staged call fails for chunks acknowledged without offsets.
 MAX_CHUNK_ROUNDS = 3
 
-__all__ = ["MAX_CHUNK_ROUNDS", "ROUTE_CHUNK_ROOM", "ChunkEncoder", "PendingCall", "RoutePayload", "reference_bytes",
+__all__ = ["MAX_CHUNK_ROUNDS", "ROUTE_CHUNK_ROOM", "ChunkEncoder", "ChunkHasher", "PendingCall", "RoutePayload", "reference_bytes",
            "route_chunk_size"]

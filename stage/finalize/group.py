@@ -25,11 +25,11 @@ from stage.routes import (
     ROUTE_FAILURE_MODEL_SHAPE,
     GroupDims,
     RouteAssemblyPlan,
-    encoded_route_plan_size_bytes,
     group_route_rows,
     pad_route_rows,
     placeholder_route_plan,
     resolve_device,
+    validated_route_plan_size_bytes,
 )
 
 logger = logging.getLogger(__name__)
@@ -315,7 +315,7 @@ class GroupFinalizer(RolloutFinalizer):
                 covered += 1
             row.route_plan = plan
             spans += len(plan.spans)
-            encoded += encoded_route_plan_size_bytes(plan)
+            encoded += validated_route_plan_size_bytes(plan)   # built validated
         metrics["finalize/route_plan_span_count"] = float(spans)
         metrics["finalize/route_plan_encoded_bytes"] = float(encoded)
         valid = sum(1 for r in rows if r.valid)

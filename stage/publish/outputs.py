@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass, field
 
 from stage.finalize import reasons as R
+from stage.publish.plan_writer import encode_plan
 from stage.publish.records import (
     DROPPED,
     SUMMARY_COMPACTIONS,
@@ -67,7 +68,8 @@ def encode_rows(result, config, codecs, ctx: GroupContext) -> EncodedRows:
             continue
         if deferred:
             try:
-                plans.append(codecs["RoutePlan"].encode(plan_record(row, ctx.staged_positions, ctx.route_chunks)))
+                plans.append(encode_plan(codecs["RoutePlan"], plan_record(row, ctx.staged_positions,
+                                                                          ctx.route_chunks)))
             except WireError as error:
                 unpublishable[row.row_index] = R.reason(R.UNPUBLISHABLE_RECORD, f"RoutePlan: {error}")
     return EncodedRows(rows, plans, unpublishable)

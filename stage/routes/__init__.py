@@ -18,7 +18,7 @@ __getattr__, __dir__ = lazy_exports(__name__, globals(), {
                  "verify_route_fragment_integrity"),
     "plan": ("RouteAssemblyPlan", "RouteSpan", "decode_route_plan", "dumps_route_plan",
              "encode_route_plan", "encoded_route_plan_size_bytes", "loads_route_plan",
-             "placeholder_route_plan", "validate_route_plan"),
+             "placeholder_route_plan", "validate_route_plan", "validated_route_plan_size_bytes"),
 })
 
 __all__ = [
@@ -48,5 +48,6 @@ __all__ = [
     "rebuild_route_extras",
     "resolve_device",
     "validate_route_plan",
+    "validated_route_plan_size_bytes",
     "verify_route_fragment_integrity",
 ]

@@ -416,7 +416,7 @@ def test_stage_chunks_views_of_the_envelopes_bytes_and_copies_them_only_into_the
     from stage.client.route_staging import ChunkEncoder
     seen = []
     real = ChunkEncoder.encode
-    monkeypatch.setattr(ChunkEncoder, "encode", lambda self, *a: seen.append(a[-1]) or real(self, *a))
+    monkeypatch.setattr(ChunkEncoder, "encode", lambda self, *a, **kw: seen.append(a[-1]) or real(self, *a, **kw))
     producer = StagingProducer(producer=FakeProducer(), route_chunk_bytes=1000)
     stager = RolloutStager(producer, "g", "r")
     root, _ = routed_calls(stager)

@@ -74,3 +74,64 @@ def test_routes_that_cannot_go_by_reference_are_refused_with_the_reason():
     assert len(many.pieces(2)) == MAX_ROUTE_CHUNKS // 2 + 1
     with pytest.raises(WireError, match="raise route_chunk_bytes"):
         many.pieces(1)
+
+
+def _large_routed_call(rng, tokens=2048):
+    """A call whose 48x8 int16 routes (1.5 MiB) are over ChunkHasher.MIN_BYTES."""
+    half = tokens // 2
+    return dict(prompt_delta=rng.integers(0, 999, half), generated=rng.integers(0, 999, tokens - half),
+                generated_logprobs=-rng.random(tokens - half), weight_version=1,
+                routed_experts=rng.integers(-1, 128, (tokens, 48, 8)).astype(np.int16))
+
+
+def test_stage_hashes_the_chunks_on_the_helper_thread_and_they_carry_the_right_digests(monkeypatch):
+    import threading
+
+    from stage.client import StagingProducer
+    from stage.client import route_staging
+    from tests.client.fakes import FakeProducer
+
+    threads = []
+    real = route_staging.chunk_sha256
+    monkeypatch.setattr(route_staging, "chunk_sha256",
+                        lambda data: threads.append(threading.current_thread().name) or real(data))
+    fake = FakeProducer()
+    producer = StagingProducer(producer=fake, route_chunk_bytes=600_000)
+    stager = RolloutStager(producer, "g", "r")
+    kwargs = _large_routed_call(np.random.default_rng(3))
+    row = stager.stage("c0", **kwargs)
+    producer.close()
+    assert threads and all(name.startswith("route-chunk-sha256") for name in threads)   # not the caller
+    chunk_codec, staged_codec = AvroCodec("RouteChunk"), AvroCodec("StagedCall")
+    chunks = [chunk_codec.decode(m.value()) for m in fake.records if m.topic() == producer.topics.staged_routes]
+    call = staged_codec.decode(next(m.value() for m in fake.records if m.topic() == producer.topics.staged_calls))
+    raw = kwargs["routed_experts"].astype("<i2").tobytes()
+    assert [len(c["data"]) for c in chunks] == [600_000, 600_000, len(raw) - 1_200_000]
+    assert b"".join(c["data"] for c in chunks) == raw
+    assert [c["sha256"] for c in chunks] == [hashlib.sha256(c["data"]).hexdigest() for c in chunks] \
+        == [r["sha256"] for r in call["routes_ref"]["chunks"]]
+    assert call["extras_digest"] == row.extras_digest
+
+
+def test_while_the_helper_is_busy_or_the_routes_are_small_the_caller_hashes():
+    import threading
+
+    from stage.client.route_staging import ChunkHasher
+
+    hasher = ChunkHasher()
+    payload = np.arange(400_000, dtype=np.int16).tobytes()
+    want = [hashlib.sha256(payload[i:i + 300_000]).hexdigest() for i in range(0, len(payload), 300_000)]
+    assert hasher.start(payload, 300_000)() == want             # on the helper
+    hasher._busy.acquire()                                     # as if another call's chunks were hashing
+    try:
+        digests = hasher.start(payload, 300_000)
+        assert hasher._pool._work_queue.qsize() == 0               # nothing handed over, nothing queued
+        assert digests() == want
+    finally:
+        hasher._busy.release()
+    small = payload[:ChunkHasher.MIN_BYTES - 2]
+    assert hasher.start(small, 300_000)() == [hashlib.sha256(small).hexdigest()]
+    hasher.close()
+    assert hasher.start(payload, 300_000)() == want              # a closed hasher starts a new helper
+    hasher.close()
+    assert not [t for t in threading.enumerate() if t.name.startswith("route-chunk-sha256")]

@@ -22,6 +22,7 @@ from stage.routes import (
     loads_route_plan,
     placeholder_route_plan,
     validate_route_plan,
+    validated_route_plan_size_bytes,
 )
 from tests.routes.factory import DIGEST, PARTITION, plan, raises_exact, span
 
@@ -303,3 +304,4 @@ def test_round_trip_property(p):
     assert decode_route_plan(encoded) == p
     assert loads_route_plan(dumps_route_plan(p)) == p
     assert encoded_route_plan_size_bytes(p) == len(json.dumps(encoded, separators=(",", ":")))
+    assert validated_route_plan_size_bytes(p) == encoded_route_plan_size_bytes(p)
