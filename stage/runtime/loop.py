@@ -32,6 +32,7 @@ import threading
 import time
 from pathlib import Path
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 
 from confluent_kafka import Consumer, KafkaException, Producer
 
@@ -47,6 +48,7 @@ from stage.runtime.gauges import Gauges
 from stage.runtime.kafka.availability import EndOffsetProbe, StartOffsets
 from stage.runtime.kafka.clients import Clients, consumer_config, producer_config, static_member_id
 from stage.runtime.kafka.health import BrokerHealth
+from stage.runtime.kafka.liveness import BrokerLiveness
 from stage.runtime.kafka.probes import BrokerQueries
 from stage.runtime.kafka.registry import SchemaResolver, build_codecs
 from stage.runtime.kafka.startup import connect_admin, probe_device, register_output_schemas
@@ -93,7 +95,8 @@ class StageRuntime:
         self.kinds = input_kinds(cfg)      # the input table of this mode (direct routes: 3 inputs)
         self.topics = input_topics(cfg.topics, self.kinds)
         self.clients = Clients()
-        self.broker_health = BrokerHealth()   # told by the consumer's error callback
+        self.broker_health = BrokerHealth()   # told by the consumer's error callback and the liveness
+        self.liveness: BrokerLiveness | None = None   # asks the brokers every second (silent partitions)
         self.partitions = Partitions()
         self.pauses = PauseSet(self.topics)
         self.resolver = SchemaResolver() if cfg.framing == "confluent" else None
@@ -220,6 +223,8 @@ class StageRuntime:
         clients.queries = BrokerQueries(cfg)
         clients.probe = EndOffsetProbe(clients.queries, self.clock.now_ms)
         clients.start_offsets = StartOffsets(clients.queries)
+        self.liveness = BrokerLiveness(partial(clients.queries.ask_metadata, LEAD.topic(cfg.topics)),
+                                       self.broker_health).start()
         clients.consumer = Consumer(self._consumer_config())
         # The other inputs are assigned by hand (not subscribed): load their metadata now so
         # their partitions start fetching as soon as they are assigned.
@@ -294,6 +299,8 @@ class StageRuntime:
             self.pool.shutdown(wait=False, cancel_futures=True)
             self.loader_pool.shutdown(wait=False, cancel_futures=True)
             self.publish_pool.shutdown(wait=not stuck)
+            # before the client its requests use is closed
+            _quietly("stopping the broker liveness requests", self.liveness and self.liveness.stop)
             _quietly("closing the schema registry client", self.resolver and self.resolver.close)
             _quietly("closing the broker queries", self.clients.queries and self.clients.queries.close)
             if not stuck:
