@@ -166,8 +166,11 @@ class StageConfig(ConfigModel):
                     "default is the port the Helm chart, the image and docker-compose use; two stages "
                     "on one host need different ports")
     statistics_interval_ms: Int = Field(
-        5000, ge=0, le=86_400_000, description="librdkafka statistics interval (per-partition consumer "
-                                               "lag on /metrics); 0 = off")
+        5000, ge=0, le=86_400_000, description="how often the per-partition consumer lag on /metrics is "
+                                               "updated from librdkafka's statistics; 0 = never. The "
+                                               "consumer's statistics are read every second whatever "
+                                               "this is: they say how long since each broker answered "
+                                               "it (a silent network partition is an outage within ~5 s)")
     finalize: ReassemblyConfig = Field(default_factory=ReassemblyConfig, validate_default=True,
                                        description="finalization settings")
     kafka: ClientProperties = Field(default_factory=dict, description="librdkafka properties of every client")

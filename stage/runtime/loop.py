@@ -75,6 +75,7 @@ logger = logging.getLogger(__name__)
 
 _TOPOLOGY_CHECK_S = 30.0
 _LEAVE_S = 5.0   # a static member's revoke before it leaves, at most
+LIVENESS_STATS_MS = 1000   # the consumer's statistics: how long since each broker answered it
 
 
 class StageRuntime:
@@ -97,6 +98,7 @@ class StageRuntime:
         self.clients = Clients()
         self.broker_health = BrokerHealth()   # told by the consumer's error callback and the liveness
         self.liveness: BrokerLiveness | None = None   # asks the brokers every second (silent partitions)
+        self._lag_reported = 0.0                  # when the statistics last went to /metrics
         self.partitions = Partitions()
         self.pauses = PauseSet(self.topics)
         self.resolver = SchemaResolver() if cfg.framing == "confluent" else None
@@ -238,15 +240,24 @@ class StageRuntime:
                     self.partition_count, cfg.processing, cfg.effective_transactional_id, cfg.group_id)
 
     def _consumer_config(self) -> dict:
-        """The consumer's settings with the runtime's callbacks: statistics (per-partition lag
-        for /metrics) and errors (every broker down: stage.runtime.kafka.health)."""
-        cfg = self.cfg
-        conf = consumer_config(cfg)
-        if cfg.statistics_interval_ms > 0:
-            conf.setdefault("statistics.interval.ms", cfg.statistics_interval_ms)
-            conf["stats_cb"] = self.stats.sink.librdkafka_stats
+        """The consumer's settings with the runtime's callbacks: statistics (every second, for
+        the brokers' liveness; per-partition lag for /metrics every ``statistics_interval_ms``)
+        and errors (every broker down: stage.runtime.kafka.health)."""
+        conf = consumer_config(self.cfg)
+        lag_ms = self.cfg.statistics_interval_ms or LIVENESS_STATS_MS
+        conf.setdefault("statistics.interval.ms", min(lag_ms, LIVENESS_STATS_MS))
+        conf["stats_cb"] = self._on_statistics
         conf["error_cb"] = self.broker_health.error_callback("consumer")
         return conf
+
+    def _on_statistics(self, stats_json: str) -> None:
+        if self.liveness is not None:
+            self.liveness.consumer_stats(stats_json)
+        interval = self.cfg.statistics_interval_ms / 1000
+        now = time.monotonic()
+        if interval > 0 and now - self._lag_reported >= interval * 0.9:
+            self._lag_reported = now
+            self.stats.sink.librdkafka_stats(stats_json)
 
     def _new_publisher(self):
         """A started publisher: in exactly-once mode init_transactions, which fences any earlier

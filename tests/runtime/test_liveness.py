@@ -91,6 +91,51 @@ def test_after_an_outage_ends_silence_is_counted_afresh():
         liveness.stop()
 
 
+def _stats(*rxidle_s):
+    """Consumer statistics: one connected broker per value, last heard from that long ago."""
+    import json
+    return json.dumps({"brokers": {f"b{i}": {"state": "UP", "source": "learned", "rxidle": int(idle * 1e6)}
+                                   for i, idle in enumerate(rxidle_s)}})
+
+
+def test_a_consumer_that_still_hears_from_a_broker_is_not_cut_off():
+    """The metadata requests may all go to the one broker cut off; the consumer's fetches from
+    the others say the replica is not."""
+    health, brokers = BrokerHealth(), Brokers()
+    brokers.held.set()
+    liveness = _liveness(brokers, health)
+    try:
+        deadline = time.monotonic() + 6 * SILENT_S
+        while time.monotonic() < deadline:
+            liveness.consumer_stats(_stats(60.0, 0.01))     # one broker silent, one answering
+            assert health.down() is None
+            time.sleep(0.02)
+        liveness.consumer_stats(_stats(60.0, 60.0))         # none answers the consumer either
+        assert _within(lambda: health.down() is not None)
+        assert "nor any broker the consumer" in health.describe()
+    finally:
+        liveness.stop()
+
+
+def test_the_consumer_reads_its_statistics_every_second_and_lag_at_its_own_interval():
+    rt = _runtime()
+    try:
+        conf = rt._consumer_config()
+        assert conf["statistics.interval.ms"] == 1000 and conf["stats_cb"] == rt._on_statistics
+        rt.cfg = rt.cfg.model_copy(update={"statistics_interval_ms": 200})   # lag more often than that
+        assert rt._consumer_config()["statistics.interval.ms"] == 200
+        rt.cfg = rt.cfg.model_copy(update={"statistics_interval_ms": 5000})
+        seen = []
+        rt.liveness = SimpleNamespace(consumer_stats=seen.append)
+        rt.stats.sink.librdkafka_stats = lambda s: seen.append(("lag", s))
+        rt._on_statistics("{}")
+        rt._on_statistics("{}")                               # within statistics_interval_ms
+        assert seen == ["{}", ("lag", "{}"), "{}"]
+    finally:
+        rt.flight.close()
+        rt.publish_pool.shutdown(wait=False)
+
+
 def _runtime():
     rt = StageRuntime(StageConfig(bootstrap_servers="127.0.0.1:1", publish_linger_ms=0))
     rt.pool.shutdown(wait=False)
