@@ -214,7 +214,7 @@ class StageRuntime:
 
     def _start_clients(self) -> None:
         cfg, clients = self.cfg, self.clients
-        clients.admin, self.partition_count = connect_admin(cfg, self._stop)
+        clients.admin, self.partition_count = connect_admin(cfg, self._stop, self.stats.heartbeat)
         probe_device(cfg.finalize.device)
         register_output_schemas(self.codecs, OUTPUT_RECORDS, self._stop)
         self.pool.warm()        # worker processes started before the group is joined

@@ -26,11 +26,12 @@ _REPORT_EVERY_S = 60.0
 _ASK_S = 1.0              # each metadata request: a SIGTERM is seen within about this long
 
 
-def connect_admin(cfg: StageConfig, stop: threading.Event | None = None,
+def connect_admin(cfg: StageConfig, stop: threading.Event | None = None, beat=None,
                   timeout_s: float = _FIRST_REPORT_S) -> tuple[AdminClient, int]:
     """An admin client that has reached the cluster, and the co-partitioned topics' count.
     Waits ``startup_broker_wait_ms`` for a first answer (0: as long as it takes), saying why
-    after 15 s and every minute after; ``stop`` set meanwhile (SIGTERM) ends the wait, exit 0."""
+    after 15 s and every minute after; ``stop`` set meanwhile (SIGTERM) ends the wait, exit 0.
+    ``beat()`` after each try: waiting is alive (/healthz), not a stalled loop to restart."""
     admin = AdminClient({"bootstrap.servers": cfg.bootstrap_servers, **cfg.kafka}, logger=_QUIET)
     limit_s = cfg.startup_broker_wait_ms / 1000
     started = time.monotonic()
@@ -50,6 +51,8 @@ def connect_admin(cfg: StageConfig, stop: threading.Event | None = None,
                                "meanwhile.", _unreachable(cfg, now - started, error),
                                cfg.startup_broker_wait_ms,
                                f"exit 4 after {limit_s:.0f}s" if limit_s else "for as long as it takes")
+        if beat is not None:
+            beat()
         if stop is not None and stop.is_set():
             raise exits.StageExit(exits.EXIT_OK, "stopped before a Kafka broker answered")
     if time.monotonic() - started >= _FIRST_REPORT_S:
