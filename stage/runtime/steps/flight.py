@@ -184,6 +184,8 @@ class Flight:
         were seen unreachable, or the call in flight is stuck), finish one that is ready
         (``Rewind`` when it cut a transaction short). ``forced`` (shutdown): give up at the
         stall deadline (``StageExit``)."""
+        if self._call_age()[0] in _DELIVERING:
+            self._note_deliveries()     # every iteration: a count that moved between two readiness polls
         if self.replacing is not None:
             if self.replacing.done():
                 self._replaced()
