@@ -127,6 +127,13 @@ class StageConfig(ConfigModel):
                     "`transaction.max.timeout.ms` (Kafka's default 900000). One that outlives it (the "
                     "brokers unreachable) is aborted by the brokers: the stage starts a new producer "
                     "and re-reads from the committed offsets")
+    startup_broker_wait_ms: Int = Field(
+        0, ge=0, description="`run` waits this long at start for a broker to answer at `bootstrap_servers` "
+                             "before it exits 4; 0 = as long as it takes. Either way the message naming "
+                             "the address is logged after 15 s and every minute after (readiness false "
+                             "meanwhile): a replica restarted during a network partition starts once it "
+                             "heals instead of restart-looping; set 15000 to fail fast on a wrong address",
+    )
     publish_stuck_ms: Int = Field(
         15_000, ge=1000, description="a transaction whose coordinator call (begin, send offsets, commit, "
                                      "abort: milliseconds normally, whatever the batch size) has not "
@@ -166,8 +173,11 @@ class StageConfig(ConfigModel):
                     "default is the port the Helm chart, the image and docker-compose use; two stages "
                     "on one host need different ports")
     statistics_interval_ms: Int = Field(
-        5000, ge=0, le=86_400_000, description="librdkafka statistics interval (per-partition consumer "
-                                               "lag on /metrics); 0 = off")
+        5000, ge=0, le=86_400_000, description="how often the per-partition consumer lag on /metrics is "
+                                               "updated from librdkafka's statistics; 0 = never. The "
+                                               "consumer's statistics are read every second whatever "
+                                               "this is: they say how long since each broker answered "
+                                               "it (a silent network partition is an outage within ~5 s)")
     finalize: ReassemblyConfig = Field(default_factory=ReassemblyConfig, validate_default=True,
                                        description="finalization settings")
     kafka: ClientProperties = Field(default_factory=dict, description="librdkafka properties of every client")

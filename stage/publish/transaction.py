@@ -95,6 +95,10 @@ class _Publisher:
     def start(self) -> None:
         pass
 
+    def outstanding(self) -> int:
+        """Records the producer holds: queued, or sent and not acknowledged yet."""
+        return len(self.producer)
+
     def _produce(self, topic, partition, key, value, headers, on_delivery=None) -> None:
         kwargs = {"key": key, "value": value, "headers": headers}
         if partition is not None:

@@ -32,6 +32,7 @@ import threading
 import time
 from pathlib import Path
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 
 from confluent_kafka import Consumer, KafkaException, Producer
 
@@ -47,6 +48,7 @@ from stage.runtime.gauges import Gauges
 from stage.runtime.kafka.availability import EndOffsetProbe, StartOffsets
 from stage.runtime.kafka.clients import Clients, consumer_config, producer_config, static_member_id
 from stage.runtime.kafka.health import BrokerHealth
+from stage.runtime.kafka.liveness import BrokerLiveness
 from stage.runtime.kafka.probes import BrokerQueries
 from stage.runtime.kafka.registry import SchemaResolver, build_codecs
 from stage.runtime.kafka.startup import connect_admin, probe_device, register_output_schemas
@@ -73,6 +75,7 @@ logger = logging.getLogger(__name__)
 
 _TOPOLOGY_CHECK_S = 30.0
 _LEAVE_S = 5.0   # a static member's revoke before it leaves, at most
+LIVENESS_STATS_MS = 1000   # the consumer's statistics: how long since each broker answered it
 
 
 class StageRuntime:
@@ -93,7 +96,9 @@ class StageRuntime:
         self.kinds = input_kinds(cfg)      # the input table of this mode (direct routes: 3 inputs)
         self.topics = input_topics(cfg.topics, self.kinds)
         self.clients = Clients()
-        self.broker_health = BrokerHealth()   # told by the consumer's error callback
+        self.broker_health = BrokerHealth()   # told by the consumer's error callback and the liveness
+        self.liveness: BrokerLiveness | None = None   # asks the brokers every second (silent partitions)
+        self._lag_reported = 0.0                  # when the statistics last went to /metrics
         self.partitions = Partitions()
         self.pauses = PauseSet(self.topics)
         self.resolver = SchemaResolver() if cfg.framing == "confluent" else None
@@ -209,7 +214,7 @@ class StageRuntime:
 
     def _start_clients(self) -> None:
         cfg, clients = self.cfg, self.clients
-        clients.admin, self.partition_count = connect_admin(cfg)
+        clients.admin, self.partition_count = connect_admin(cfg, self._stop, self.stats.heartbeat)
         probe_device(cfg.finalize.device)
         register_output_schemas(self.codecs, OUTPUT_RECORDS, self._stop)
         self.pool.warm()        # worker processes started before the group is joined
@@ -220,6 +225,8 @@ class StageRuntime:
         clients.queries = BrokerQueries(cfg)
         clients.probe = EndOffsetProbe(clients.queries, self.clock.now_ms)
         clients.start_offsets = StartOffsets(clients.queries)
+        self.liveness = BrokerLiveness(partial(clients.queries.ask_metadata, LEAD.topic(cfg.topics)),
+                                       self.broker_health).start()
         clients.consumer = Consumer(self._consumer_config())
         # The other inputs are assigned by hand (not subscribed): load their metadata now so
         # their partitions start fetching as soon as they are assigned.
@@ -233,15 +240,24 @@ class StageRuntime:
                     self.partition_count, cfg.processing, cfg.effective_transactional_id, cfg.group_id)
 
     def _consumer_config(self) -> dict:
-        """The consumer's settings with the runtime's callbacks: statistics (per-partition lag
-        for /metrics) and errors (every broker down: stage.runtime.kafka.health)."""
-        cfg = self.cfg
-        conf = consumer_config(cfg)
-        if cfg.statistics_interval_ms > 0:
-            conf.setdefault("statistics.interval.ms", cfg.statistics_interval_ms)
-            conf["stats_cb"] = self.stats.sink.librdkafka_stats
+        """The consumer's settings with the runtime's callbacks: statistics (every second, for
+        the brokers' liveness; per-partition lag for /metrics every ``statistics_interval_ms``)
+        and errors (every broker down: stage.runtime.kafka.health)."""
+        conf = consumer_config(self.cfg)
+        lag_ms = self.cfg.statistics_interval_ms or LIVENESS_STATS_MS
+        conf.setdefault("statistics.interval.ms", min(lag_ms, LIVENESS_STATS_MS))
+        conf["stats_cb"] = self._on_statistics
         conf["error_cb"] = self.broker_health.error_callback("consumer")
         return conf
+
+    def _on_statistics(self, stats_json: str) -> None:
+        if self.liveness is not None:
+            self.liveness.consumer_stats(stats_json)
+        interval = self.cfg.statistics_interval_ms / 1000
+        now = time.monotonic()
+        if interval > 0 and now - self._lag_reported >= interval * 0.9:
+            self._lag_reported = now
+            self.stats.sink.librdkafka_stats(stats_json)
 
     def _new_publisher(self):
         """A started publisher: in exactly-once mode init_transactions, which fences any earlier
@@ -294,6 +310,8 @@ class StageRuntime:
             self.pool.shutdown(wait=False, cancel_futures=True)
             self.loader_pool.shutdown(wait=False, cancel_futures=True)
             self.publish_pool.shutdown(wait=not stuck)
+            # before the client its requests use is closed
+            _quietly("stopping the broker liveness requests", self.liveness and self.liveness.stop)
             _quietly("closing the schema registry client", self.resolver and self.resolver.close)
             _quietly("closing the broker queries", self.clients.queries and self.clients.queries.close)
             if not stuck:

@@ -4,10 +4,15 @@ partitions added to an input topic while the stage runs."""
 
 from __future__ import annotations
 
+import signal
 import time
+import urllib.error
+import urllib.request
 
+import pytest
 from confluent_kafka.admin import AdminClient, NewPartitions
 
+from stage.brokers.kraft import free_port
 from stage.runtime.exits import EXIT_FENCED, EXIT_KAFKA_UNREACHABLE, EXIT_TOPOLOGY
 from tests.faults.procs import StageProcess, SummaryWatcher
 from tests.integration.harness import Feeder, make_group, replace, setup_topics, stage_config, unique_topics
@@ -17,12 +22,35 @@ def _no_traceback(proc: StageProcess) -> None:
     assert "Traceback" not in proc.log(), proc.tail(80)
 
 
-def test_an_unreachable_broker_exits_4_with_a_message(tmp_path):
-    cfg = stage_config("127.0.0.1:9", unique_topics())
+def test_an_unreachable_broker_exits_4_with_a_message_after_startup_broker_wait_ms(tmp_path):
+    cfg = stage_config("127.0.0.1:9", unique_topics(), startup_broker_wait_ms=5000)
     proc = StageProcess(cfg, tmp_path, "unreachable")
     try:
         assert proc.wait_exit(60) == EXIT_KAFKA_UNREACHABLE, proc.tail()
         assert "no Kafka broker answered at 127.0.0.1:9" in proc.log()
+        _no_traceback(proc)
+    finally:
+        proc.close()
+
+
+def test_by_default_a_stage_started_with_no_broker_answering_waits_says_why_and_stops_on_sigterm(tmp_path):
+    """A replica restarted while a network partition lasts starts once it heals instead of
+    exiting 4 and restart-looping (with a container runtime's growing back-off) meanwhile."""
+    port = free_port()
+    cfg = stage_config("127.0.0.1:9", unique_topics(), metrics_port=port)
+    proc = StageProcess(cfg, tmp_path, "waiting")
+    try:
+        deadline = time.monotonic() + 60
+        while "Still trying" not in proc.log():
+            assert proc.alive(), proc.tail()
+            assert time.monotonic() < deadline, proc.tail()
+            time.sleep(0.5)
+        assert "no Kafka broker answered at 127.0.0.1:9" in proc.log() and proc.alive()
+        with pytest.raises(urllib.error.HTTPError) as answer:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5)
+        assert answer.value.code == 503
+        proc.signal(signal.SIGTERM)
+        assert proc.wait_exit(30) == 0, proc.tail()
         _no_traceback(proc)
     finally:
         proc.close()

@@ -62,6 +62,11 @@ class BrokerQueries:
             raise RuntimeError(f"no metadata for {topic}: {info.error if info else 'unknown topic'}")
         return len(info.partitions)
 
+    def ask_metadata(self, topic: str, timeout_s: float) -> None:
+        """One metadata request (to a random connected broker), raising when none answers in
+        ``timeout_s``: stage.runtime.kafka.liveness."""
+        self.consumer.list_topics(topic, timeout=timeout_s)
+
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
         try:

@@ -5,6 +5,7 @@ placeholders, dropping groups, or crash-looping on a traceback."""
 from __future__ import annotations
 
 import logging
+import threading
 import time
 
 from confluent_kafka import KafkaException
@@ -20,18 +21,43 @@ logger = logging.getLogger(__name__)
 _QUIET = logging.getLogger("stage.runtime.kafka.startup.librdkafka")  # connection-refused noise
 
 
-def connect_admin(cfg: StageConfig, timeout_s: float = 15.0) -> tuple[AdminClient, int]:
-    """An admin client that has reached the cluster, and the co-partitioned topics' count."""
+_FIRST_REPORT_S = 15.0    # the first "no broker answered" message, then every minute
+_REPORT_EVERY_S = 60.0
+_ASK_S = 1.0              # each metadata request: a SIGTERM is seen within about this long
+
+
+def connect_admin(cfg: StageConfig, stop: threading.Event | None = None, beat=None,
+                  timeout_s: float = _FIRST_REPORT_S) -> tuple[AdminClient, int]:
+    """An admin client that has reached the cluster, and the co-partitioned topics' count.
+    Waits ``startup_broker_wait_ms`` for a first answer (0: as long as it takes), saying why
+    after 15 s and every minute after; ``stop`` set meanwhile (SIGTERM) ends the wait, exit 0.
+    ``beat()`` after each try: waiting is alive (/healthz), not a stalled loop to restart."""
     admin = AdminClient({"bootstrap.servers": cfg.bootstrap_servers, **cfg.kafka}, logger=_QUIET)
-    try:
-        admin.list_topics(timeout=timeout_s)
-    except KafkaException as error:
-        raise exits.StageExit(exits.EXIT_KAFKA_UNREACHABLE, (
-            f"no Kafka broker answered at {cfg.bootstrap_servers} within {timeout_s:.0f}s "
-            f"({error.args[0].str() if error.args else error}). Check bootstrap_servers "
-            "(ROLLOUT_REASSEMBLER_BOOTSTRAP_SERVERS or KAFKA_BOOTSTRAP_SERVERS), that the brokers "
-            "run and are reachable from here, and the security settings under `kafka:` "
-            "(security.protocol, sasl.*, ssl.*) if the listener needs them.")) from None
+    limit_s = cfg.startup_broker_wait_ms / 1000
+    started = time.monotonic()
+    report_at = started + _FIRST_REPORT_S
+    while True:
+        try:
+            admin.list_topics(timeout=_ASK_S)
+            break
+        except KafkaException as error:
+            now = time.monotonic()
+            if limit_s and now - started >= limit_s:
+                raise exits.StageExit(exits.EXIT_KAFKA_UNREACHABLE,
+                                      _unreachable(cfg, now - started, error)) from None
+            if now >= report_at:
+                report_at = now + _REPORT_EVERY_S
+                logger.warning("%s Still trying (startup_broker_wait_ms %d: %s); readiness is false "
+                               "meanwhile.", _unreachable(cfg, now - started, error),
+                               cfg.startup_broker_wait_ms,
+                               f"exit 4 after {limit_s:.0f}s" if limit_s else "for as long as it takes")
+        if beat is not None:
+            beat()
+        if stop is not None and stop.is_set():
+            raise exits.StageExit(exits.EXIT_OK, "stopped before a Kafka broker answered")
+    if time.monotonic() - started >= _FIRST_REPORT_S:
+        logger.info("a Kafka broker answered at %s after %.0fs", cfg.bootstrap_servers,
+                    time.monotonic() - started)
     try:
         partitions = check_copartitioning(admin, cfg)
     except TopologyError as error:
@@ -42,6 +68,14 @@ def connect_admin(cfg: StageConfig, timeout_s: float = 15.0) -> tuple[AdminClien
     except KafkaException as error:   # a report only: the layout itself is fine
         logger.warning("could not read topic configs for the durability report: %s", error)
     return admin, partitions
+
+
+def _unreachable(cfg: StageConfig, waited: float, error: KafkaException) -> str:
+    return (f"no Kafka broker answered at {cfg.bootstrap_servers} within {waited:.0f}s "
+            f"({error.args[0].str() if error.args else error}). Check bootstrap_servers "
+            "(ROLLOUT_REASSEMBLER_BOOTSTRAP_SERVERS or KAFKA_BOOTSTRAP_SERVERS), that the brokers "
+            "run and are reachable from here, and the security settings under `kafka:` "
+            "(security.protocol, sasl.*, ssl.*) if the listener needs them.")
 
 
 def probe_device(spec: str) -> None:

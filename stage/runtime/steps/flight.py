@@ -42,7 +42,7 @@ from concurrent.futures import Future, wait
 from confluent_kafka import KafkaException
 
 from stage.publish import StageFatal
-from stage.publish.transaction import COORDINATOR_CALLS, IDLE
+from stage.publish.transaction import ABORT, COMMIT, COORDINATOR_CALLS, FLUSH, IDLE, PRODUCE
 from stage.runtime import exits
 from stage.runtime.kafka.health import BrokerHealth
 from stage.runtime.state.memory import PRODUCER_COPIES
@@ -56,6 +56,10 @@ _FORCED_WAIT_STEP_S = 0.05
 # A coordinator call unanswered this long makes readiness false (it is replaced only at
 # publish_stuck_ms): it answers in milliseconds when the coordinator is there.
 _UNANSWERED_S = 5.0
+# Records produced in a transaction and none acknowledged this long makes readiness false too (a
+# held Produce request waits up to librdkafka's request.timeout.ms, 30 s, before it is retried);
+# not a reason to replace the producer: a large record on a slow link is acknowledged late.
+_DELIVERING = frozenset({PRODUCE, FLUSH})
 # Between attempts to start a replacement while the brokers do not answer (each attempt
 # itself waits up to transaction_timeout_ms for them).
 _RETRY_FIRST_S, _RETRY_MAX_S = 0.25, 2.0
@@ -76,6 +80,7 @@ class Flight:
         self.current = None                 # (future, outputs, batch) or None
         self.started_at = 0.0
         self._outage_at_launch = 0          # the health's outage count when the flight began
+        self._unacked = (0, 0.0)            # (records the producer holds, since when that count)
         self.replacing: Future | None = None   # a new publisher being started
         self._replacing_for: int | None = None   # the outage it answers (None: a stuck call)
         self._stuck_phase, self._stuck_at = "", 0.0
@@ -121,6 +126,7 @@ class Flight:
         self.current = (self.pool.submit(self._timed_publish, batch, consumer), outputs, batch)
         self.started_at = time.monotonic()
         self._outage_at_launch = self.health.outage
+        self._unacked = (0, self.started_at)
 
     def take(self):
         """The finished flight (future, outputs, batch), no longer in flight."""
@@ -155,13 +161,31 @@ class Flight:
         phase, age = self._call_age()
         if phase in COORDINATOR_CALLS and age > min(self.stuck_after_s, _UNANSWERED_S):
             return f"publication stuck in {phase} for {age:.0f}s (the transaction coordinator does not answer)"
+        if phase in _DELIVERING:
+            held, since = self._note_deliveries()
+            waited = time.monotonic() - since
+            if held and waited > _UNANSWERED_S:
+                return (f"publication in {phase}: {held} records unacknowledged, none acknowledged for "
+                        f"{waited:.0f}s (a partition leader does not answer)")
         return None
+
+    def _note_deliveries(self) -> tuple[int, float]:
+        """(records the producer still holds, since when that count has not moved)."""
+        outstanding = getattr(self.publisher, "outstanding", None)
+        if outstanding is None:
+            return 0, time.monotonic()
+        held = outstanding()
+        if held != self._unacked[0]:
+            self._unacked = (held, time.monotonic())
+        return self._unacked
 
     def watch(self, forced: bool = False) -> None:
         """Every iteration, and while a forced publish waits: start a replacement (the brokers
         were seen unreachable, or the call in flight is stuck), finish one that is ready
         (``Rewind`` when it cut a transaction short). ``forced`` (shutdown): give up at the
         stall deadline (``StageExit``)."""
+        if self._call_age()[0] in _DELIVERING:
+            self._note_deliveries()     # every iteration: a count that moved between two readiness polls
         if self.replacing is not None:
             if self.replacing.done():
                 self._replaced()
@@ -211,14 +235,25 @@ class Flight:
         self._stuck_phase = getattr(publisher, "phase", IDLE)
         self._stuck_at = time.monotonic()
         self._replacing_for = outage
-        open_ = "its open transaction is aborted" if self.in_flight else "no transaction is open"
         logger.warning("%s: starting a new producer with transactional.id %s to fence the old one "
-                       "(%s)", why, self.cfg.effective_transactional_id, open_)
+                       "(%s)", why, self.cfg.effective_transactional_id, self._open_transaction())
         if outage is None:
             self.stats.inc("publication_stuck")
         self.replacing = Future()
         threading.Thread(target=self._start_publisher, args=(self.replacing,),
                          name="publisher-replacement", daemon=True).start()
+
+    def _open_transaction(self) -> str:
+        """What the fence does to the transaction in flight, as far as this process can know:
+        the old producer goes on until the new one fences it, so a commit may still land."""
+        if not self.in_flight:
+            return "no transaction is open"
+        if self.done:
+            return ("the transaction in flight has ended: "
+                    + ("committed" if self.current[0].exception() is None else "failed, so aborted"))
+        return (f"the transaction in flight, in {self._stuck_phase}, is committed if its commit reaches "
+                "the transaction coordinator before the fence, else the fence aborts it; the log says "
+                "which")
 
     def _start_publisher(self, result: Future) -> None:
         """Start a new publisher, retrying for as long as the brokers do not answer; only a
@@ -260,11 +295,13 @@ class Flight:
         if outage is not None:
             self.health.recovered(outage)
         current = self.current
-        if current is not None and current[0].done() and current[0].exception() is None:
+        committed = current is not None and current[0].done() and current[0].exception() is None
+        if committed:
             current = None   # it committed before the fence: landed as usual
         self._retire(old, stuck=current is not None and not current[0].done())
         if current is None:
-            logger.info("new producer ready %.1fs after it was started; publishing goes on", seconds)
+            logger.info("new producer ready %.1fs after it was started; %spublishing goes on", seconds,
+                        "the transaction in flight committed before the fence; " if committed else "")
             return
         if not current[0].done():
             self.pool.abandon()

@@ -4,7 +4,9 @@ One Toxiproxy server and one 3-broker KRaft cluster (tests/faults/net/cluster.py
 run; per seed, a fresh topic set, two replicas, the verifier and a seeded series of fault
 episodes (every class of the CI suite), then the checks of the CI tests (scenario.NetRun.finish:
 lost, duplicated, content, torn, aborted reads). Prints one line per episode (the fault, heal ->
-every waiting group published, exits) and the verifier's counts per seed; exits 1 on the first
+every waiting group published, the faulted replica's first 503 on /readyz after the fault began
+and why, its first 200 after the heal, exits), the verifier's counts per seed, and per fault
+class the ranges of those figures at the end; exits 1 on the first
 failed check, with the seed in the message. Stops starting seeds once ``--minutes`` have passed.
 """
 
@@ -64,6 +66,7 @@ def main(argv=None) -> int:
     cluster = ProxiedCluster(root, toxiproxy)
     started, totals = time.monotonic(), {"episodes": 0, "groups": 0, "seen": 0, "aborted_in_log": 0}
     heal_times: list[float] = []
+    by_class: dict[str, list] = {}
     try:
         cluster.start()
         print(f"cluster at {cluster.bootstrap}; logs in {root}", flush=True)
@@ -84,6 +87,8 @@ def main(argv=None) -> int:
             totals["seen"] += verdict.seen
             totals["aborted_in_log"] += verdict.aborted_in_log
             heal_times += [ep.heal_to_published_s for ep in run.episodes]
+            for ep in run.episodes:
+                by_class.setdefault(fault_class(ep, cluster), []).append(ep)
     finally:
         cluster.discard()
         toxiproxy.stop()
@@ -91,7 +96,30 @@ def main(argv=None) -> int:
           f"{totals['groups']} groups, {totals['seen']} committed records read by the verifier, "
           f"{totals['aborted_in_log']} aborted records in the logs, 0 lost / duplicated / torn / aborted "
           f"reads; heal -> all published: max {max(heal_times, default=0):.1f}s")
+    for name, eps in sorted(by_class.items()):
+        print(f"  {name}: {summary(eps)}")
     return 0
+
+
+def fault_class(ep, cluster: ProxiedCluster) -> str:
+    kind = ep.fault.split(" (")[0].split(" ")[0]
+    return f"{kind} ({'every broker' if len(ep.nodes) == len(cluster.node_ids) else 'one broker'})"
+
+
+def _span(values: list[float]) -> str:
+    if not values:
+        return "-"
+    return f"{min(values):.1f}-{max(values):.1f}s" if len(values) > 1 else f"{values[0]:.1f}s"
+
+
+def summary(eps: list) -> str:
+    """Ranges over episodes of one class: heal -> all published, /readyz 503 after the fault,
+    /readyz 200 after the heal (of the episodes where it turned 503)."""
+    unready = [ep.unready()[0][0] - ep.began for ep in eps if ep.unready()]
+    ready = [after for ep in eps if ep.unready() and (after := ep.ready_after_heal_s()) is not None]
+    return (f"{len(eps)} episodes; heal -> all published {_span([ep.heal_to_published_s for ep in eps])}; "
+            f"/readyz 503 in {len(unready)} of them, {_span(unready)} after the fault began, 200 again "
+            f"{_span(ready)} after the heal")
 
 
 if __name__ == "__main__":

@@ -15,10 +15,12 @@ from pathlib import Path
 
 from confluent_kafka.admin import AdminClient
 
+from stage.brokers.kraft import free_port
 from stage.finalize import ReassemblyConfig
 from stage.runtime.kafka.topics import create_topics
 from tests.faults.net.cluster import ProxiedCluster
 from tests.faults.net.verifier import Verdict, Verifier
+from tests.faults.outage import Readiness
 from tests.faults.procs import StageProcess, Trickle, assert_exactly_once, read_outputs
 from tests.integration.harness import make_group, stage_config, unique_topics
 
@@ -37,11 +39,34 @@ class Episode:
     waiting: int = 0                 # groups fed before the heal and unpublished at it
     heal_to_published_s: float = 0.0
     exits: dict = field(default_factory=dict)    # replica -> rc, where one exited
+    # the faulted replica's /readyz from the fault to the end of the episode: (wall time, status, body)
+    readiness: list = field(default_factory=list)
+    began: float = 0.0
+    healed: float = 0.0
+
+    def unready(self, until: float | None = None) -> list[tuple[float, str]]:
+        """(time, why) of every 503 from the fault's start (to ``until``)."""
+        return [(t, body.strip()) for t, status, body in self.readiness
+                if status == 503 and (until is None or t < until)]
+
+    def ready_after_heal_s(self) -> float | None:
+        """The first 200 at or after the heal, seconds after it (None: none yet)."""
+        return next((t - self.healed for t, status, _ in self.readiness
+                     if status == 200 and t >= self.healed), None)
+
+    def readiness_line(self) -> str:
+        unready = self.unready()
+        if not unready:
+            return "/readyz 200 throughout"
+        t, why = unready[0]
+        after = self.ready_after_heal_s()
+        return (f"/readyz 503 {t - self.began:+.1f}s after the fault ({why[:70]}), 200 "
+                + ("never" if after is None else f"{after:+.1f}s after the heal"))
 
     def line(self) -> str:
         return (f"{self.fault} on {self.replica} -> brokers {self.nodes} for {self.held_s:.1f}s: "
-                f"{self.waiting} waiting, heal -> all published {self.heal_to_published_s:.1f}s"
-                + (f", exits {self.exits}" if self.exits else ""))
+                f"{self.waiting} waiting, heal -> all published {self.heal_to_published_s:.1f}s; "
+                f"{self.readiness_line()}" + (f", exits {self.exits}" if self.exits else ""))
 
 
 class NetRun:
@@ -54,13 +79,15 @@ class NetRun:
         self.toxiproxy = cluster.toxiproxy
         self.topics = unique_topics()
         self.cfgs = {r: stage_config(cluster.bootstrap_for(r), self.topics,
-                                     transactional_id=f"tx-{self.topics.receipts}-{r}", **overrides)
+                                     transactional_id=f"tx-{self.topics.receipts}-{r}",
+                                     **{"metrics_port": free_port(), **overrides})
                      for r in cluster.clients}
         admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
         create_topics(admin, self.cfgs["a"], partitions=2, replication=3)
         self.groups: list = []
         self.episodes: list[Episode] = []
         self.procs: dict[str, StageProcess] = {}
+        self.readiness: dict[str, Readiness] = {}
         self.trickle = self.verifier = None
 
     @property
@@ -74,6 +101,8 @@ class NetRun:
             self.trickle = Trickle(self.cluster.bootstrap, self.topics, pace_s=PACE_S)
             for replica, cfg in self.cfgs.items():
                 self.procs[replica] = StageProcess(cfg, self.workdir, f"replica-{replica}")
+                if cfg.metrics_port:
+                    self.readiness[replica] = Readiness(cfg.metrics_port)
             self.feed(6)
             self.wait_published(120, "the first groups (both replicas up)")
         except BaseException as error:   # `with` calls __exit__ only after __enter__ returned
@@ -91,6 +120,8 @@ class NetRun:
             if exc[0] is not None:
                 print(proc.tail(60))
             proc.close()
+        for readiness in self.readiness.values():
+            readiness.close()
 
     # -- feeding and waiting -------------------------------------------------------------------
     def feed(self, count: int) -> None:
@@ -120,10 +151,11 @@ class NetRun:
     def episode(self, fault, replica: str, nodes: list, held_s: float) -> Episode:
         ep = Episode(fault.__name__, replica, list(nodes), held_s)
         self.feed(max(1, int(held_s / PACE_S)))
+        ep.began = time.time()
         fault(self.toxiproxy, self.cluster, replica, nodes)
         time.sleep(held_s)
         self.toxiproxy.reset()
-        healed = time.time()
+        healed = ep.healed = time.time()
         self.trickle.drain(60)
         fed = set(self.trickle.fed)
         waiting = fed - self.verifier.published()
@@ -132,8 +164,21 @@ class NetRun:
         last = max((self.verifier.first_seen[g] for g in waiting), default=healed)
         ep.heal_to_published_s = max(0.0, last - healed)
         ep.exits = self.exits()
+        if replica in self.readiness:
+            self._ready_again(replica, healed, 30)
+            ep.readiness = self.readiness[replica].between(ep.began, float("inf"))
         self.episodes.append(ep)
         return ep
+
+    def _ready_again(self, replica: str, healed: float, timeout: float) -> None:
+        """Wait (bounded) for the replica's /readyz to answer 200 after the heal, so the episode
+        records when it did (a replica that holds no partition answers 503 for that reason)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            seen = self.readiness[replica].seen
+            if seen and seen[-1][1] == 200 and seen[-1][0] > healed:
+                return
+            time.sleep(0.25)
 
     # -- the end -------------------------------------------------------------------------------
     def finish(self) -> Verdict:

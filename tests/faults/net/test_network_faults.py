@@ -40,9 +40,14 @@ def test_a_replica_cut_from_every_broker_past_its_session_is_a_harmless_zombie(n
     with NetRun(net, tmp_path, seed) as run:
         zombie = run.rng.choice(net.clients)
         heir = next(c for c in net.clients if c != zombie)
-        run.episode(faults.hold, zombie, net.node_ids, SESSION_S + run.rng.uniform(4, 10))
+        ep = run.episode(faults.hold, zombie, net.node_ids, SESSION_S + run.rng.uniform(4, 10))
         # the heir took the zombie's partition while it was cut off
         assert run.procs[heir].assigned() == {0, 1}, f"[{run.context}] no takeover\n{run.procs[heir].tail()}"
+        # the zombie said so while it was cut off: not ready because no broker answers (not
+        # merely once its session was gone), and ready again after the heal
+        assert any("brokers unreachable" in why for _, why in ep.unready(until=ep.healed)), \
+            f"[{run.context}] {ep.readiness_line()}\n{run.procs[zombie].tail()}"
+        assert ep.ready_after_heal_s() is not None, f"[{run.context}] {ep.readiness_line()}"
         _finish(run)
 
 
