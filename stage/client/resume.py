@@ -29,12 +29,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaError, KafkaException, TopicPartition
-from confluent_kafka.admin import AdminClient
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from stage.buffer import Position
 from stage.client.connection import DEFAULT_CONNECT_TIMEOUT_S, kafka_logger, reach
-from stage.client.consuming import codec_for, reader_defaults, take
+from stage.client.consuming import codec_for, reader_defaults, retrying, take
 from stage.client.producer import RolloutStager, StagingProducer
 from stage.client.resume_chain import (
     StagedRecord, held_calls, longest_verified, rehydrate, route_chunk_offsets,
@@ -114,9 +113,9 @@ class RolloutResumer:
     ``stage_group_id``: the stage's consumer group (StageConfig.group_id), whose committed
     offsets bound the read; ``topics``, ``framing``, the registry settings and
     ``max_record_bytes``: the stage's; ``config``: librdkafka properties added to the consumer
-    and the admin client (security settings); ``limits``: the stage's input limits (its route
+    and the offsets consumer (security settings); ``limits``: the stage's input limits (its route
     topic is ``topics.staged_routes``). Nothing is committed and the stage's group is never
-    joined: its offsets are only listed (AdminClient)."""
+    joined: its offsets are only read (``committed()``)."""
 
     def __init__(self, bootstrap_servers: str, *, stage_group_id: str = "rollout-reassembler",
                  topics: TopicNames | None = None, config: Mapping[str, Any] | None = None,
@@ -144,13 +143,16 @@ class RolloutResumer:
         except BaseException:
             self.consumer.close()
             raise
-        self.admin = AdminClient({"bootstrap.servers": bootstrap_servers, "logger": kafka_logger(),
-                                  **{k: v for k, v in (config or {}).items() if k.startswith(("security.", "sasl.", "ssl."))}})
+        self.offsets = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": stage_group_id,
+                                 "enable.auto.commit": False, "isolation.level": "read_committed",
+                                 "logger": kafka_logger(), **(config or {})})
         self.records_read = 0
         self.bytes_read = 0
+        self.starts: dict[tuple[str, int], int] = {}
 
     def close(self) -> None:
         self.consumer.close()
+        self.offsets.close()
 
     def __enter__(self) -> "RolloutResumer":
         return self
@@ -194,13 +196,15 @@ class RolloutResumer:
         return len(meta.partitions)
 
     def _committed(self, tps: list[tuple[str, int]]) -> dict[tuple[str, int], int | None]:
-        """The stage's committed offsets (require_stable: an offset committed inside a pending
-        transaction is waited for, not read as the previous one)."""
-        request = ConsumerGroupTopicPartitions(self.stage_group_id, [TopicPartition(t, p) for t, p in tps])
-        futures = self.admin.list_consumer_group_offsets([request], require_stable=True,
-                                                         request_timeout=self.timeout)
+        """The stage's committed offsets, asked by a consumer under the stage's group id that
+        never subscribes (so it never joins the group nor commits). read_committed: an offset
+        committed inside a pending transaction is waited for (require_stable). Not the
+        AdminClient's list_consumer_group_offsets: librdkafka 2.16 crashes (SIGSEGV in
+        rd_kafka_cgrp_op) parsing some of its responses."""
+        listed = retrying(lambda: self.offsets.committed([TopicPartition(t, p) for t, p in tps],
+                                                         timeout=self.timeout), timeout=self.timeout)
         out = {}
-        for tp in futures[self.stage_group_id].result(timeout=self.timeout).topic_partitions:
+        for tp in listed:
             if tp.error is not None:
                 raise KafkaException(tp.error)
             out[(tp.topic, tp.partition)] = tp.offset if tp.offset >= 0 else None
@@ -225,6 +229,7 @@ class RolloutResumer:
             low, high = self.consumer.get_watermark_offsets(TopicPartition(*tp), timeout=self.timeout,
                                                             cached=False)
             parts[tp] = _Partition(None if tp in ledgers else committed.get(tp), low, high)
+        self.starts = {tp: p.start for tp, p in parts.items()}   # where the last call read from
         self._read({tp: p for tp, p in parts.items() if not p.past_retention})
         return {"where": where, "parts": parts}
 
