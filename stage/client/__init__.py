@@ -13,6 +13,7 @@ __getattr__, __dir__ = lazy_exports(__name__, globals(), {
     "producer": ("Delivery", "DeliveryError", "DeliveryFailure", "PreparedCall", "ReceiptEmitter",
                  "RolloutStager", "StagingProducer"),
     "reader": ("CanonicalReader",),
+    "resume": ("ResumeResult", "RolloutResumer"),
     "records": ("receipt_event", "route_extras", "staged_call_from_record", "staged_call_value"),
     "route_fetch": ("DeferredRouteFetcher",),
     "staleness": ("Staleness",),
@@ -20,7 +21,7 @@ __getattr__, __dir__ = lazy_exports(__name__, globals(), {
 
 __all__ = [
     "BrokerUnreachable", "CanonicalReader", "DeferredRouteFetcher", "Delivery", "DeliveryError", "DeliveryFailure", "GroupAssembler",
-    "GymBridge", "PartitionPosition", "ReadPosition", "ReceiptEmitter", "RolloutStager",
-    "Staleness", "StagingProducer", "TrainingGroup", "receipt_event", "route_extras", "route_plan_from_record",
+    "GymBridge", "PartitionPosition", "ReadPosition", "ReceiptEmitter", "ResumeResult", "RolloutResumer",
+    "RolloutStager", "Staleness", "StagingProducer", "TrainingGroup", "receipt_event", "route_extras", "route_plan_from_record",
     "row_from_record", "staged_call_from_record", "staged_call_value",
 ]

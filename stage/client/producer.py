@@ -512,6 +512,17 @@ class RolloutStager:
         self.producer = producer
         self.group_id = group_id
         self.builder = RolloutBuilder(rollout_id)
+        self.reserved: frozenset[str] = frozenset()   # call ids the stage already holds
+
+    @classmethod
+    def rehydrated(cls, producer: StagingProducer | None, group_id: str, builder: RolloutBuilder,
+                   reserved=()) -> "RolloutStager":
+        """A stager continuing ``builder``'s calls (stage.client.resume): they are not produced
+        again; ``reserved`` call ids (every id the stage holds for the rollout) are refused by
+        ``prepare()``."""
+        stager = cls(producer, group_id, builder.rollout_id)
+        stager.builder, stager.reserved = builder, frozenset(reserved)
+        return stager
 
     @property
     def rollout_id(self) -> str:
@@ -532,6 +543,9 @@ class RolloutStager:
         root, the new turn for a child); ``routed_experts``: ``[len(prompt_delta) +
         len(generated), L, K]``; ``routed_experts_boundary``: ``[1, L, K]``, the child's prefill
         route of its parent's last token; ``topk``: ``[len(generated), k]`` columns."""
+        if model_call_id in self.reserved:
+            raise ValueError(f"call {model_call_id!r} is already staged for rollout {self.rollout_id}: "
+                             "a new call needs a new id (the stage keeps the first copy of a key)")
         boundary_index = None
         if routed_experts_boundary is not None:
             parent = self.builder.calls.get(parent_call_id) if parent_call_id else None
