@@ -47,6 +47,11 @@ DEFAULT_METRICS_PORT = 9400
 ClientProperties = dict[str, ClientValue]
 
 
+# Consumer properties the classic protocol takes from the client and KIP-848 from the brokers.
+CLASSIC_ONLY_CONSUMER_PROPERTIES = ("session.timeout.ms", "heartbeat.interval.ms",
+                                    "partition.assignment.strategy", "group.protocol.type")
+
+
 class StageConfig(ConfigModel):
     bootstrap_servers: str = Field("127.0.0.1:9092", min_length=1, description="Kafka bootstrap list")
     group_id: str = Field("rollout-reassembler", min_length=1, description="consumer group of all replicas")
@@ -157,7 +162,17 @@ class StageConfig(ConfigModel):
                           "staticMembership) wins and keeps Kafka's static behaviour: no leave on "
                           "shutdown. false: a dynamic member, which after such an outage rejoins only "
                           "once its old session expires (up to `session.timeout.ms` after the brokers "
-                          "are back)")
+                          "are back). Under `group_protocol` consumer (KIP-848) the stage sets no static "
+                          "id: the brokers keep a member across their restart without one, and a static "
+                          "member could not leave on shutdown there")
+    group_protocol: Literal["classic", "consumer"] = Field(
+        "classic", description="the consumer group protocol: `classic` (cooperative-sticky assignment, "
+                               "`session.timeout.ms` set on the client) or `consumer` (KIP-848, Kafka 4.0+ "
+                               "brokers: the broker assigns, and the session timeout and heartbeat interval "
+                               "are the brokers' `group.consumer.*` settings, so `consumer` may not set "
+                               "`session.timeout.ms`, `heartbeat.interval.ms`, `group.protocol.type` or "
+                               "`partition.assignment.strategy`). Both keep exactly-once; docs/operations.md "
+                               "compares their rebalance pauses and says which suites ran on each")
     revoke_budget_ms: Int = Field(10_000, ge=0, description="on revoke and shutdown, wait this long for "
                                                              "in-flight groups before handing partitions over")
     deadline_hold_max_ms: Int = Field(
@@ -205,6 +220,19 @@ class StageConfig(ConfigModel):
             raise conflict("schema_registry_url carries user info and so does "
                            "schema_registry.basic_auth_user_info: keep one (the setting: it is kept secret)",
                            "schema_registry_url", "schema_registry")
+        in_consumer = self.consumer.get("group.protocol")
+        if in_consumer is not None and str(in_consumer) != self.group_protocol:
+            raise conflict(f"consumer sets group.protocol {in_consumer!r} and group_protocol is "
+                           f"{self.group_protocol!r}: set group_protocol only", "group_protocol", "consumer")
+        if self.group_protocol == "consumer":
+            client_side = sorted(set(self.consumer) & set(CLASSIC_ONLY_CONSUMER_PROPERTIES))
+            if client_side:
+                # librdkafka refuses to create the consumer with any of them under KIP-848
+                raise conflict(
+                    f"group_protocol 'consumer' takes {', '.join(client_side)} from the brokers "
+                    "(group.consumer.session.timeout.ms, group.consumer.heartbeat.interval.ms, "
+                    "group.consumer.assignors): remove it from consumer, or use group_protocol "
+                    "'classic'", "group_protocol", "consumer")
         needed = self.revoke_budget_ms + self.transaction_timeout_ms
         if self.max_poll_interval_ms <= needed:
             # a revoke runs inside poll(): it waits revoke_budget_ms for in-flight groups, then

@@ -155,6 +155,21 @@ def test_static_membership_uses_the_pod_name_and_its_session_timeout():
     assert "staticMembership.sessionTimeoutMs (90000) must not exceed config.max_poll_interval_ms (60000)" in result.stderr
 
 
+def test_static_membership_under_kip848_leaves_the_session_timeout_to_the_brokers():
+    """librdkafka refuses session.timeout.ms with group.protocol=consumer: the chart must not
+    set it when config.group_protocol is consumer, and the pod's configuration must load."""
+    values = {**STATIC, "config": {"bootstrap_servers": "b:9092", "group_protocol": "consumer"}}
+    docs = render(values)
+    env = {e["name"] for e in container(docs)["env"]}
+    assert "ROLLOUT_REASSEMBLER_CONSUMER__GROUP_INSTANCE_ID" in env
+    assert "ROLLOUT_REASSEMBLER_CONSUMER__SESSION_TIMEOUT_MS" not in env
+    from stage.runtime.kafka.clients import consumer_config
+    cfg = load_stage_config(stage_yaml(docs), {k: v for k, v in pod_env(docs).items() if k != "POD_NAME"})
+    consumer = consumer_config(cfg)
+    assert consumer["group.protocol"] == "consumer" and consumer["group.instance.id"] == POD_NAME
+    assert "session.timeout.ms" not in consumer and "partition.assignment.strategy" not in consumer
+
+
 def test_statefulset_transactional_id_comes_from_the_pod_name():
     (entry,) = [e for e in container(render())["env"] if e["name"] == "ROLLOUT_REASSEMBLER_TRANSACTIONAL_ID"]
     assert entry["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"

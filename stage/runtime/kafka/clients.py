@@ -34,6 +34,11 @@ def static_member_id(cfg: StageConfig) -> str | None:
     gives none: off, or set in ``consumer`` by the operator (then Kafka's static behaviour)."""
     if not cfg.static_membership or "group.instance.id" in cfg.consumer:
         return None
+    if cfg.group_protocol == "consumer":
+        # KIP-848 needs no static id for that: a member's id outlives a broker restart, and one
+        # fenced after its session rejoins at once. A static member could not leave on shutdown
+        # (librdkafka leaves it with epoch -2: its partitions wait out the session timeout).
+        return None
     # Kafka takes [a-zA-Z0-9._-], at most 249 characters (as a topic name); a transactional id
     # takes anything
     return re.sub(r"[^A-Za-z0-9._-]", "_", cfg.effective_transactional_id)[:249]
@@ -47,7 +52,10 @@ def consumer_config(cfg: StageConfig) -> dict:
         "enable.auto.commit": False,
         "auto.offset.reset": "earliest",
         "isolation.level": "read_committed",
-        "partition.assignment.strategy": "cooperative-sticky",
+        # KIP-848 assigns on the brokers and refuses the classic assignor setting; both are
+        # incremental, so the revoke and assign callbacks see the same partitions either way.
+        **({"group.protocol": "consumer"} if cfg.group_protocol == "consumer"
+           else {"partition.assignment.strategy": "cooperative-sticky"}),
         "max.poll.interval.ms": cfg.max_poll_interval_ms,
         "fetch.max.bytes": fetch,
         "max.partition.fetch.bytes": cfg.max_record_bytes + (1 << 20),
