@@ -73,3 +73,43 @@ def test_a_broker_restart_longer_than_the_session_timeout_is_ridden_out_in_order
         raise
     finally:
         close(context)
+
+
+def test_under_kip848_the_member_outlives_the_broker_restart_and_keeps_its_partitions(tmp_path):
+    """group_protocol consumer (KIP-848) with the brokers' defaults (45 s session): the member's
+    id and epoch are stored in the group's log, so the restarted coordinator loads the member
+    with a fresh session and the stage carries on as the same member without losing its
+    partitions (no static id is needed for that: the stage sets none under KIP-848). Readiness
+    as above: 503 for the whole outage, 200 only once a new producer works."""
+    seen, context = restart_under_stage(tmp_path, down_s=DEV_BROKER_RESTART_S, partitions=2, groups=4,
+                                        settings={"group_protocol": "consumer"})
+    stage, broker, cfg = context["stage"], context["broker"], context["cfg"]
+    try:
+        timeline = "\n".join(seen.timeline())
+        assert seen.exit_code is None, f"the stage exited (rc {seen.exit_code})\n{timeline}\n{stage.tail(60)}"
+        during = seen.answers(seen.stopped, seen.ready)
+        unready = [t for t, status, _ in during if status == 503]
+        assert unready and [a for a in during if a[0] >= unready[0] and a[1] != 503] == [], timeline
+        reachable = seen.first("brokers reachable", after=seen.ready)
+        assert reachable is not None, timeline
+        ready_again = [t for t, status, _ in seen.answers(unready[0], float("inf")) if status == 200]
+        assert ready_again and ready_again[0] > reachable, timeline
+        assert seen.readiness[-1][1] == 200, seen.readiness[-3:]
+
+        # the same member throughout: never lost its partitions, never fenced by the coordinator
+        assert seen.first("session lost") is None, f"the member lost its partitions\n{timeline}\n{stage.tail(60)}"
+        group = re.escape(cfg.group_id)
+        # Kafka 4.4's coordinator: "[GroupId g] Member m fenced from the group because the member
+        # session expired." / "... left the consumer group."
+        assert not re.search(rf"\[GroupId {group}\] Member \S+ (?:fenced from|left) the", seen.broker_log), timeline
+
+        assert_exactly_once(read_outputs(broker.bootstrap, context["topics"]), context["groups"],
+                            cfg.finalize, N)
+        print(f"\n{timeline}\nevery waiting group published {seen.recovered_s:.1f}s after the broker was ready")
+        assert stage.terminate(60) == 0, stage.tail()
+    except BaseException:
+        print(stage.tail(80))
+        print(broker.log_tail(60))
+        raise
+    finally:
+        close(context)

@@ -1,6 +1,7 @@
 """Rebalances on a real broker with two stage processes in one consumer group (4 partitions):
 A runs alone, B joins mid-run, A leaves mid-run (SIGTERM: graceful shutdown and cooperative
-revoke) or is lost (SIGKILL: its partitions move to B once its session times out), then B stops.
+revoke) or is lost (SIGKILL: its partitions move to B once its session times out), then B stops,
+under both consumer group protocols (classic cooperative-sticky, and KIP-848 on a broker of its own).
 Input trickles in throughout, each group's records spread out, so every membership change lands
 on half-joined groups. Every group is published exactly once (read_committed), none is lost, and
 rows equal the library's."""
@@ -24,6 +25,16 @@ ALL = set(range(PARTITIONS))
 
 @pytest.mark.parametrize("leave", ["sigterm", "sigkill", "sigkill_in_txn"])
 def test_join_and_leave_mid_run_publishes_every_group_exactly_once(kafka, tmp_path, leave):
+    join_and_leave(kafka, tmp_path, leave)
+
+
+@pytest.mark.parametrize("leave", ["sigterm", "sigkill", "sigkill_in_txn"])
+def test_join_and_leave_under_the_kip848_protocol_publishes_every_group_exactly_once(
+        kip848_broker, tmp_path, leave):
+    join_and_leave(kip848_broker, tmp_path, leave, group_protocol="consumer", consumer={})
+
+
+def join_and_leave(kafka, tmp_path, leave, **protocol):
     topics = unique_topics()
     # group_timeout_ms well above the takeover time (session.timeout.ms 6000 + rebalance), so no
     # group is published by deadline with part of its input still unread.
@@ -32,7 +43,7 @@ def test_join_and_leave_mid_run_publishes_every_group_exactly_once(kafka, tmp_pa
     # fences A's transaction: the broker aborts it at transaction.timeout.ms (kept short here).
     in_txn = leave == "sigkill_in_txn"
     base = stage_config(kafka.bootstrap, topics, finalize=FINALIZE, group_timeout_ms=20_000,
-                        publish_linger_ms=50, poll_timeout_ms=20,
+                        publish_linger_ms=50, poll_timeout_ms=20, **protocol,
                         **({"transaction_timeout_ms": 10_000} if in_txn else {}))
     setup_topics(base, partitions=PARTITIONS)
     cfg_a = replace(base, transactional_id=f"{base.transactional_id}-a")
