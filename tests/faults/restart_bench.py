@@ -1,6 +1,6 @@
 """Recovery after the only broker restarts, measured with the stage's default settings.
 
-    PYTHONPATH=$PWD .venv/bin/python -m tests.faults.restart_bench [--down 55] [--runs 1]
+    PYTHONPATH=$PWD .venv/bin/python -m tests.faults.restart_bench [--down 55] [--runs 1] [--group-protocol consumer]
 
 The README's dev broker (``rollout-reassembler broker``) is stopped with SIGTERM and started
 again ``--down`` seconds later (55-61 s is what a newcomer measured for its restart: longer
@@ -30,6 +30,8 @@ def main(argv=None) -> int:
     parser.add_argument("--partitions", type=int, default=4, help="as the dev broker creates them")
     parser.add_argument("--log", action="store_true", help="print the stage's log from the stop on")
     parser.add_argument("--log-level", default="INFO", help="the stage's")
+    parser.add_argument("--group-protocol", choices=("classic", "consumer"), default="classic",
+                        help="the stage's group_protocol (consumer: KIP-848, the broker's defaults)")
     args = parser.parse_args(argv)
     if not jars_available():
         print("Kafka jars not found (make kafka-jars)", file=sys.stderr)
@@ -38,10 +40,11 @@ def main(argv=None) -> int:
     for run in range(args.runs):
         with tempfile.TemporaryDirectory(prefix="restart-bench-") as tmp:
             seen, context = restart_under_stage(Path(tmp), down_s=args.down, partitions=args.partitions,
-                                                 log_level=args.log_level)
+                                                 log_level=args.log_level,
+                                                 settings={"group_protocol": args.group_protocol})
             try:
                 print(f"--- run {run + 1}: broker down {seen.ready - seen.stopped:.1f}s "
-                      f"(stop to ready), default settings")
+                      f"(stop to ready), default settings, group_protocol {args.group_protocol}")
                 print("\n".join(seen.timeline()))
                 if args.log:
                     print(stage_log_since(context["stage"].log(), seen.stopped))
