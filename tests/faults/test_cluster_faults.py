@@ -3,7 +3,9 @@
 - a replica frozen (SIGSTOP: a VM pause, CPU throttling) between sending a transaction's offsets
   and committing it, past its session timeout, then resumed: it commits that transaction after
   its partition moved. The new owner must not publish those groups a second time (its ledger load
-  waits for the open transaction), and the zombie's later transactions are fenced;
+  waits for the open transaction), and the zombie's later transactions are fenced; under both
+  consumer group protocols (classic, and KIP-848: the brokers' session settings are the classic
+  cases' client ones, tests/faults/protocols.py);
 - a broker killed under a receipts partition's leader while a group's receipts are in flight:
   the deadline must wait for the failover instead of judging the partition read to its end.
 """
@@ -22,6 +24,7 @@ from confluent_kafka.admin import AdminClient
 from stage.finalize import ReassemblyConfig
 from stage.runtime.kafka.topics import create_topics, durability_warnings
 from stage.wire import AvroCodec
+from tests.faults.protocols import KIP848_BROKER, PROTOCOLS
 from tests.faults.procs import StageProcess, SummaryWatcher, assert_exactly_once, read_outputs
 from tests.integration.harness import (
     Feeder, RunningStage, make_group, read_all, replace, stage_config, unique_topics,
@@ -36,7 +39,7 @@ FINALIZE = ReassemblyConfig()
 def cluster():
     if not jars_available():
         pytest.skip("the Kafka jars are not resolved (`make kafka-jars`)")
-    nodes = KraftCluster(3).start()
+    nodes = KraftCluster(3, props=KIP848_BROKER).start()
     print(f"3-broker KRaft cluster at {nodes.bootstrap}")
     yield nodes
     nodes.discard()
@@ -66,9 +69,10 @@ def _feed(feeder: Feeder, spec, receipts=None) -> None:
 
 # before_commit: offsets sent, the zombie commits on resume; after_produce: records written, no
 # offsets yet, the zombie's offset commit is fenced on resume and it aborts.
+@pytest.mark.parametrize("protocol", sorted(PROTOCOLS))
 @pytest.mark.parametrize("stall", ["before_commit:1:stop", "after_produce:1:stop"])
-def test_a_replica_stalled_inside_a_transaction_does_not_publish_its_groups_twice(cluster, tmp_path, stall):
-    cfg, topics = _topics(cluster, group_timeout_ms=600_000, publish_linger_ms=100)
+def test_a_replica_stalled_inside_a_transaction_does_not_publish_its_groups_twice(cluster, tmp_path, stall, protocol):
+    cfg, topics = _topics(cluster, group_timeout_ms=600_000, publish_linger_ms=100, **PROTOCOLS[protocol])
     feeder = Feeder(cluster.bootstrap, topics)
     watcher = SummaryWatcher(cluster.bootstrap, topics.finalized_groups)
     holder = make_group("holder", 2, seed=60, routes=None)   # open throughout: the committed

@@ -15,6 +15,7 @@ import signal
 import pytest
 
 from stage.finalize import ReassemblyConfig
+from tests.faults.protocols import PROTOCOLS
 from tests.faults.procs import StageProcess, SummaryWatcher, assert_exactly_once, read_outputs
 from tests.integration.harness import Feeder, make_group, setup_topics, stage_config, unique_topics
 
@@ -31,14 +32,19 @@ def _feed(feeder: Feeder, groups) -> None:
     feeder.flush()
 
 
+@pytest.mark.parametrize("protocol", sorted(PROTOCOLS))
 @pytest.mark.parametrize("fault", ["before_begin:2", "after_produce:2", "before_commit:2", "after_commit:2"])
-def test_kill_9_at_a_transaction_point_then_restart_publishes_every_group_exactly_once(kafka, tmp_path, fault):
+def test_kill_9_at_a_transaction_point_then_restart_publishes_every_group_exactly_once(request, tmp_path, fault,
+                                                                                       protocol):
+    # KIP-848: the restarted process is a new member (no static id): it gets the partitions
+    # once the killed one's session (the brokers' 6 s) has expired
+    kafka = request.getfixturevalue("kafka" if protocol == "classic" else "kip848_broker")
     topics = unique_topics()
     # A long group timeout: every group here is complete, so none may be published by deadline
     # (a restart must not turn a complete group into a partial one). A linger of a few hundred ms
     # makes each wave one transaction, so the crash lands between waves as intended.
     cfg = stage_config(kafka.bootstrap, topics, finalize=FINALIZE, group_timeout_ms=20_000,
-                       publish_linger_ms=300, poll_timeout_ms=20)
+                       publish_linger_ms=300, poll_timeout_ms=20, **PROTOCOLS[protocol])
     setup_topics(cfg, partitions=2)
     tag = fault.split(":")[0]
     waves = [[make_group(f"{tag}-w{w}-g{i}", N, seed=100 * w + i) for i in range(PER_WAVE)]

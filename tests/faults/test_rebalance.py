@@ -14,6 +14,7 @@ import time
 import pytest
 
 from stage.finalize import ReassemblyConfig
+from tests.faults.protocols import PROTOCOLS
 from tests.faults.procs import StageProcess, SummaryWatcher, Trickle, assert_exactly_once, read_outputs
 from tests.integration.harness import make_group, replace, setup_topics, stage_config, unique_topics
 
@@ -31,7 +32,7 @@ def test_join_and_leave_mid_run_publishes_every_group_exactly_once(kafka, tmp_pa
 @pytest.mark.parametrize("leave", ["sigterm", "sigkill", "sigkill_in_txn"])
 def test_join_and_leave_under_the_kip848_protocol_publishes_every_group_exactly_once(
         kip848_broker, tmp_path, leave):
-    join_and_leave(kip848_broker, tmp_path, leave, group_protocol="consumer", consumer={})
+    join_and_leave(kip848_broker, tmp_path, leave, **PROTOCOLS["kip848"])
 
 
 def join_and_leave(kafka, tmp_path, leave, **protocol):

@@ -5,7 +5,8 @@ once, and the same stage process throughout.
 Restarting the broker that coordinates the stage's consumer group can make librdkafka 2.16 hang
 in send_offsets_to_transaction (librdkafka #5511); the stage replaces the stuck producer in
 process (stage.runtime.steps.publication). Every Kafka upgrade or config change is such a restart, so
-this runs in CI (about 3 minutes, three JVMs).
+this runs in CI (about 3 minutes, three JVMs), under both consumer group protocols
+(tests/faults/protocols.py).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from confluent_kafka.admin import AdminClient
 from stage.finalize import ReassemblyConfig
 from stage.brokers.kraft import KraftCluster, jars_available
 from stage.runtime.kafka.topics import create_topics
+from tests.faults.protocols import KIP848_BROKER, PROTOCOLS
 from tests.faults.procs import StageProcess, SummaryWatcher, assert_exactly_once, read_outputs
 from tests.integration.harness import Feeder, make_group, stage_config, unique_topics
 
@@ -30,13 +32,14 @@ pytestmark = [
 ]
 
 
-def test_a_rolling_restart_of_every_broker_loses_and_duplicates_nothing(tmp_path):
-    cluster = KraftCluster(3).start()
+@pytest.mark.parametrize("protocol", sorted(PROTOCOLS))
+def test_a_rolling_restart_of_every_broker_loses_and_duplicates_nothing(tmp_path, protocol):
+    cluster = KraftCluster(3, props=KIP848_BROKER).start()
     stage = watcher = None
     try:
         topics = unique_topics()
         cfg = stage_config(cluster.bootstrap, topics, finalize=FINALIZE, group_timeout_ms=60_000,
-                           publish_linger_ms=100, publish_stuck_ms=10_000)
+                           publish_linger_ms=100, publish_stuck_ms=10_000, **PROTOCOLS[protocol])
         admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
         create_topics(admin, cfg, partitions=2, replication=3)
         del admin                            # no admin client lives through the restarts

@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from stage.brokers.kraft import KraftCluster, free_port
+from tests.faults.protocols import KIP848_BROKER
 from tests.faults.net.toxiproxy import Toxiproxy
 
 TX_LOG_PARTITIONS = 4   # KraftBroker's transaction.state.log.num.partitions
@@ -42,7 +43,7 @@ class ProxiedCluster:
     def __init__(self, workdir: Path, toxiproxy: Toxiproxy, clients=("a", "b"), heap: str = "384m") -> None:
         self.toxiproxy = toxiproxy
         self.clients = tuple(clients)
-        self.kraft = KraftCluster(3, heap=heap)
+        self.kraft = KraftCluster(3, heap=heap, props=KIP848_BROKER)   # both group protocols
         self.proxy_ports: dict[tuple[str, int], int] = {}
         for node in self.kraft.nodes:
             listeners = [f"PLAINTEXT://127.0.0.1:{node.port}", f"CONTROLLER://127.0.0.1:{node.controller_port}"]

@@ -15,8 +15,9 @@ import pytest
 from tests.faults.net import faults
 from tests.faults.net.events import events
 from tests.faults.net.scenario import NetRun
+from tests.faults.protocols import PROTOCOLS
 
-SESSION_S = 6.0   # tests.integration.harness.stage_config's session.timeout.ms
+SESSION_S = 6.0   # stage_config's session.timeout.ms; the brokers' for KIP-848 (tests/faults/protocols.py)
 SEEDS = pytest.mark.parametrize("seed", [1], ids=lambda s: f"seed={s}")
 
 
@@ -36,8 +37,9 @@ def _no_exit_no_traceback(run: NetRun) -> None:
 
 
 @SEEDS
-def test_a_replica_cut_from_every_broker_past_its_session_is_a_harmless_zombie(net, tmp_path, seed):
-    with NetRun(net, tmp_path, seed) as run:
+@pytest.mark.parametrize("protocol", sorted(PROTOCOLS))
+def test_a_replica_cut_from_every_broker_past_its_session_is_a_harmless_zombie(net, tmp_path, seed, protocol):
+    with NetRun(net, tmp_path, seed, **PROTOCOLS[protocol]) as run:
         zombie = run.rng.choice(net.clients)
         heir = next(c for c in net.clients if c != zombie)
         ep = run.episode(faults.hold, zombie, net.node_ids, SESSION_S + run.rng.uniform(4, 10))
@@ -64,9 +66,10 @@ def test_latency_spikes_and_jitter_on_one_replica_and_its_transaction_coordinato
 
 
 @SEEDS
+@pytest.mark.parametrize("protocol", sorted(PROTOCOLS))
 @pytest.mark.parametrize("cut", [faults.hold, faults.delay], ids=["dropped", "delivered-late"])
-def test_a_replica_cut_from_its_transaction_coordinator_while_it_commits(net, tmp_path, seed, cut):
-    with NetRun(net, tmp_path, seed) as run:
+def test_a_replica_cut_from_its_transaction_coordinator_while_it_commits(net, tmp_path, seed, cut, protocol):
+    with NetRun(net, tmp_path, seed, **PROTOCOLS[protocol]) as run:
         replica = run.rng.choice(net.clients)
         tx_id = run.cfgs[replica].transactional_id
         coordinator = net.transaction_coordinator(tx_id)
