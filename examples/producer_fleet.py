@@ -127,6 +127,8 @@ def resume_rollouts(producer: StagingProducer, args) -> dict:
     with RolloutResumer(args.bootstrap_servers, stage_group_id=args.stage_group_id,
                         topics=topic_names(args.topic_prefix)) as resumer:
         results = resumer.resume_all(wanted, producer=producer)
+        read = (f"read {resumer.records_read} records ({resumer.bytes_read / 1e6:.1f} MB) of "
+                f"{len(resumer.starts)} partitions from the stage's committed offsets")
     took = time.perf_counter() - started
     outcomes = Counter(result.outcome for result in results)
     reused = sum(result.tokens_reused for result in results)
@@ -141,6 +143,7 @@ def resume_rollouts(producer: StagingProducer, args) -> dict:
           f"rollout's {longest} tokens at {args.decode_tokens_per_s:g} tokens/s)")
     share = 100.0 * reused / max(1, reused + regenerated)
     print(f"tokens reused {reused}, regenerated {regenerated} ({share:.1f}% of the staged tokens reused)")
+    print(f"resume {read}")
     return {result.rollout_id: result for result in results}
 
 
