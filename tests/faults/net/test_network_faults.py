@@ -1,6 +1,7 @@
 """Network faults between one stage replica and the brokers (Toxiproxy; tests/faults/net/), with a
 second replica, a steady feed and a concurrent read_committed verifier: every test fails on a
-lost, duplicated, torn or content-changed group or an aborted read (scenario.NetRun.finish).
+lost, duplicated, torn or content-changed group or an aborted read (scenario.NetRun.finish),
+under both consumer group protocols (tests/faults/protocols.py).
 
 Schedules are seeded (the seed is in the test id and in every failure message); the long run:
 ``python -m tests.faults.net.network_run`` (docs/guarantees.md, Network faults).
@@ -54,8 +55,9 @@ def test_a_replica_cut_from_every_broker_past_its_session_is_a_harmless_zombie(n
 
 
 @SEEDS
-def test_latency_spikes_and_jitter_on_one_replica_and_its_transaction_coordinator(net, tmp_path, seed):
-    with NetRun(net, tmp_path, seed) as run:
+@pytest.mark.parametrize("protocol", sorted(PROTOCOLS))
+def test_latency_spikes_and_jitter_on_one_replica_and_its_transaction_coordinator(net, tmp_path, seed, protocol):
+    with NetRun(net, tmp_path, seed, **PROTOCOLS[protocol]) as run:
         replica = run.rng.choice(net.clients)
         base = run.rng.randint(200, 1200)
         run.episode(faults.latency(base, base // 2), replica, net.node_ids, run.rng.uniform(6, 10))
@@ -82,8 +84,9 @@ def test_a_replica_cut_from_its_transaction_coordinator_while_it_commits(net, tm
 
 
 @SEEDS
-def test_connections_reset_slowly_closed_and_sliced(net, tmp_path, seed):
-    with NetRun(net, tmp_path, seed) as run:
+@pytest.mark.parametrize("protocol", sorted(PROTOCOLS))
+def test_connections_reset_slowly_closed_and_sliced(net, tmp_path, seed, protocol):
+    with NetRun(net, tmp_path, seed, **PROTOCOLS[protocol]) as run:
         for fault in (faults.reset_peer(run.rng.randint(0, 500), run.rng.uniform(0.3, 1.0)),
                       faults.slow_close(run.rng.randint(1000, 5000)),
                       faults.slicer(run.rng.randint(16, 128), 8, run.rng.randint(50, 500))):
@@ -92,8 +95,9 @@ def test_connections_reset_slowly_closed_and_sliced(net, tmp_path, seed):
 
 
 @SEEDS
-def test_a_bandwidth_limit_on_one_broker(net, tmp_path, seed):
-    with NetRun(net, tmp_path, seed) as run:
+@pytest.mark.parametrize("protocol", sorted(PROTOCOLS))
+def test_a_bandwidth_limit_on_one_broker(net, tmp_path, seed, protocol):
+    with NetRun(net, tmp_path, seed, **PROTOCOLS[protocol]) as run:
         replica, broker = run.rng.choice(net.clients), run.rng.choice(net.node_ids)
         run.episode(faults.bandwidth(run.rng.randint(1, 8)), replica, [broker], run.rng.uniform(6, 10))
         _finish(run)
