@@ -104,7 +104,12 @@ class NetRun:
                 if cfg.metrics_port:
                     self.readiness[replica] = Readiness(cfg.metrics_port)
             self.feed(6)
-            self.wait_published(120, "the first groups (both replicas up)")
+            self.wait_published(120, "the first groups")
+            # both replicas members and ready before any fault: a replica still starting when
+            # its fault begins is cut off while it has nothing (CI saw a zombie test's replica
+            # take 15 s to start under load, the fault land on its start-up, and its /readyz
+            # say "no partitions assigned" instead of "brokers unreachable")
+            self.wait_ready(120)
         except BaseException as error:   # `with` calls __exit__ only after __enter__ returned
             self.__exit__(type(error), error, error.__traceback__)
             raise
@@ -130,6 +135,20 @@ class NetRun:
                  for i in range(start, start + count)]
         self.groups.extend(specs)
         self.trickle.add(specs)
+
+    def wait_ready(self, timeout: float) -> None:
+        """Every replica's /readyz answering 200 (a member holding a partition, its ledger
+        loaded, publishing working)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            unready = [r for r, readiness in self.readiness.items() if not readiness.seen or readiness.seen[-1][1] != 200]
+            if not unready:
+                return
+            if time.monotonic() > deadline:
+                tails = "\n".join(self.procs[r].tail(30) for r in unready)
+                raise AssertionError(f"[{self.context}] replicas {unready} not ready after {timeout}s; "
+                                     f"exits {self.exits()}\n{tails}")
+            time.sleep(0.2)
 
     def exits(self) -> dict:
         return {r: p.returncode for r, p in self.procs.items() if not p.alive()}
