@@ -27,24 +27,30 @@ from tests.faults.net.toxiproxy import BINARY, Toxiproxy
 SESSION_S = 6.0
 
 
-def schedule(run: NetRun, cluster: ProxiedCluster, episodes: int) -> None:
+def pick_fault(run: NetRun, cluster: ProxiedCluster):
+    """One seeded draw from every fault class of the suite: (replica, fault, nodes, held_s)."""
     rng = run.rng
+    replica = rng.choice(cluster.clients)
+    coordinator = cluster.transaction_coordinator(run.cfgs[replica].transactional_id)
+    one = [rng.choice(cluster.node_ids)]
+    fault, nodes, held = rng.choice([
+        (faults.hold, cluster.node_ids, SESSION_S + rng.uniform(2, 14)),
+        (faults.refuse, cluster.node_ids, rng.uniform(2, 20)),
+        (faults.hold, [coordinator], rng.uniform(3, 15)),
+        (faults.delay, [coordinator], rng.uniform(3, 15)),
+        (faults.latency(rng.randint(100, 3000), rng.randint(0, 1000)), cluster.node_ids, rng.uniform(4, 12)),
+        (faults.latency(rng.randint(1000, 6000), 500), [coordinator], rng.uniform(4, 12)),
+        (faults.reset_peer(rng.randint(0, 1000), rng.uniform(0.2, 1.0)), cluster.node_ids, rng.uniform(3, 10)),
+        (faults.slow_close(rng.randint(500, 5000)), cluster.node_ids, rng.uniform(3, 10)),
+        (faults.slicer(rng.randint(8, 256), 8, rng.randint(10, 1000)), cluster.node_ids, rng.uniform(3, 10)),
+        (faults.bandwidth(rng.randint(1, 16)), one, rng.uniform(4, 12)),
+    ])
+    return replica, fault, nodes, held
+
+
+def schedule(run: NetRun, cluster: ProxiedCluster, episodes: int) -> None:
     for _ in range(episodes):
-        replica = rng.choice(cluster.clients)
-        coordinator = cluster.transaction_coordinator(run.cfgs[replica].transactional_id)
-        one = [rng.choice(cluster.node_ids)]
-        fault, nodes, held = rng.choice([
-            (faults.hold, cluster.node_ids, SESSION_S + rng.uniform(2, 14)),
-            (faults.refuse, cluster.node_ids, rng.uniform(2, 20)),
-            (faults.hold, [coordinator], rng.uniform(3, 15)),
-            (faults.delay, [coordinator], rng.uniform(3, 15)),
-            (faults.latency(rng.randint(100, 3000), rng.randint(0, 1000)), cluster.node_ids, rng.uniform(4, 12)),
-            (faults.latency(rng.randint(1000, 6000), 500), [coordinator], rng.uniform(4, 12)),
-            (faults.reset_peer(rng.randint(0, 1000), rng.uniform(0.2, 1.0)), cluster.node_ids, rng.uniform(3, 10)),
-            (faults.slow_close(rng.randint(500, 5000)), cluster.node_ids, rng.uniform(3, 10)),
-            (faults.slicer(rng.randint(8, 256), 8, rng.randint(10, 1000)), cluster.node_ids, rng.uniform(3, 10)),
-            (faults.bandwidth(rng.randint(1, 16)), one, rng.uniform(4, 12)),
-        ])
+        replica, fault, nodes, held = pick_fault(run, cluster)
         ep = run.episode(fault, replica, nodes, held)
         print(f"  seed {run.seed} episode {len(run.episodes)}: {ep.line()}", flush=True)
         if ep.exits:

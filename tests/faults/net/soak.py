@@ -8,9 +8,9 @@ kills it) live for the whole run, so what accumulates over an hour shows: memory
 offsets, librdkafka state across many outages. The feed never stops (a group every 0.3 s, its
 records spread over it). Every 20-60 s of quiet, one event, seeded:
 
-- a network fault from the suite's classes (tests/faults/net/network_run.schedule's mix: a
-  replica cut from every broker past its session, connections refused, its transaction
-  coordinator held or delayed, latency, reset / slow close / slicer, a bandwidth limit);
+- a network fault drawn as tests.faults.net.network_run draws one (``pick_fault``: a replica cut
+  from every broker past its session, connections refused, its transaction coordinator held,
+  delayed or slowed, latency, reset / slow close / slicer, a bandwidth limit);
 - kill -9 of a replica, restarted 5-20 s later with the same transactional id;
 - a broker killed (SIGKILL) and started again 10-30 s later (replication 3, min ISR 2).
 
@@ -29,10 +29,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.faults.net import faults
 from tests.faults.net.cluster import ProxiedCluster
 from tests.faults.net.events import events
-from tests.faults.net.network_run import SESSION_S, fault_class, summary
+from tests.faults.net.network_run import fault_class, pick_fault, summary
 from tests.faults.net.scenario import N, PACE_S, PUBLISH_TIMEOUT_S, NetRun
 from tests.faults.net.toxiproxy import BINARY, Toxiproxy
 from tests.faults.procs import StageProcess
@@ -72,19 +71,8 @@ class Soak:
         return max(0.0, last - since)
 
     def network(self) -> str:
-        run, cluster, rng = self.run, self.cluster, self.rng
-        replica = rng.choice(cluster.clients)
-        coordinator = cluster.transaction_coordinator(run.cfgs[replica].transactional_id)
-        fault, nodes, held = rng.choice([
-            (faults.hold, cluster.node_ids, SESSION_S + rng.uniform(2, 14)),
-            (faults.refuse, cluster.node_ids, rng.uniform(2, 20)),
-            (faults.hold, [coordinator], rng.uniform(3, 15)),
-            (faults.delay, [coordinator], rng.uniform(3, 15)),
-            (faults.latency(rng.randint(100, 3000), rng.randint(0, 1000)), cluster.node_ids, rng.uniform(4, 12)),
-            (faults.reset_peer(rng.randint(0, 1000), rng.uniform(0.2, 1.0)), cluster.node_ids, rng.uniform(3, 10)),
-            (faults.slicer(rng.randint(8, 256), 8, rng.randint(10, 1000)), cluster.node_ids, rng.uniform(3, 10)),
-            (faults.bandwidth(rng.randint(1, 16)), [rng.choice(cluster.node_ids)], rng.uniform(4, 12)),
-        ])
+        run, cluster = self.run, self.cluster
+        replica, fault, nodes, held = pick_fault(run, cluster)
         ep = run.episode(fault, replica, nodes, held)
         if ep.exits:
             raise AssertionError(f"[{run.context}] a replica exited: {ep.line()}")
