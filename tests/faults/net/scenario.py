@@ -73,8 +73,10 @@ class NetRun:
     """``with NetRun(...) as run: run.episode(...); verdict = run.finish()``; ``seed`` in
     every failure message (``context``)."""
 
-    def __init__(self, cluster: ProxiedCluster, workdir: Path, seed: int, **overrides) -> None:
+    def __init__(self, cluster: ProxiedCluster, workdir: Path, seed: int, *, log_level: str = "INFO",
+                 **overrides) -> None:
         self.cluster, self.workdir, self.seed = cluster, Path(workdir), seed
+        self.log_level = log_level
         self.rng = random.Random(seed)
         self.toxiproxy = cluster.toxiproxy
         self.topics = unique_topics()
@@ -100,7 +102,8 @@ class NetRun:
             self.verifier = Verifier(self.cluster.bootstrap, self.topics)
             self.trickle = Trickle(self.cluster.bootstrap, self.topics, pace_s=PACE_S)
             for replica, cfg in self.cfgs.items():
-                self.procs[replica] = StageProcess(cfg, self.workdir, f"replica-{replica}")
+                self.procs[replica] = StageProcess(cfg, self.workdir, f"replica-{replica}",
+                                                   log_level=self.log_level)
                 if cfg.metrics_port:
                     self.readiness[replica] = Readiness(cfg.metrics_port)
             self.feed(6)

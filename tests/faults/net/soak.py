@@ -24,12 +24,14 @@ from __future__ import annotations
 
 import argparse
 import random
+import signal
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 from tests.faults.net.cluster import ProxiedCluster
+from tests.faults.net.diagnose import diagnose
 from tests.faults.net.events import events
 from tests.faults.net.network_run import fault_class, pick_fault, summary
 from tests.faults.net.scenario import N, PACE_S, PUBLISH_TIMEOUT_S, NetRun
@@ -87,7 +89,8 @@ class Soak:
         self.quiet(down)
         self.restarts[replica] += 1
         run.procs[replica] = StageProcess(run.cfgs[replica], run.workdir,
-                                          f"replica-{replica}-{self.restarts[replica]}")
+                                          f"replica-{replica}-{self.restarts[replica]}",
+                                          log_level=run.log_level)
         back = time.time()
         took = self.settle(back, f"after replica {replica} was restarted")
         # the restarted replica a member again before the next event (a SIGTERM while it is
@@ -117,7 +120,14 @@ def main(argv=None) -> int:
     parser.add_argument("--minutes", type=float, default=60.0, help="no new event starts after this long")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--group-protocol", choices=("classic", "consumer"), default="classic")
+    parser.add_argument("--log-level", default="INFO", help="the replicas' log level (DEBUG to chase a stall)")
+    parser.add_argument("--hold-on-failure", type=float, default=0.0, metavar="SECONDS",
+                        help="on a failed check, keep the cluster and replicas this long for a look")
     args = parser.parse_args(argv)
+    # SIGTERM or SIGINT (which a shell's background job ignores by default) end the run
+    # through its cleanup: the brokers, Toxiproxy and the replicas stop
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, frame: sys.exit(128 + signum))
     if not BINARY.is_file():
         print(f"{BINARY} is missing: run `make toxiproxy`", file=sys.stderr)
         return 2
@@ -133,36 +143,52 @@ def main(argv=None) -> int:
         cluster.start()
         print(f"cluster at {cluster.bootstrap}; logs in {root}; group_protocol {args.group_protocol}", flush=True)
         (root / "run").mkdir()
-        with NetRun(cluster, root / "run", args.seed, **protocol) as run:
+        with NetRun(cluster, root / "run", args.seed, log_level=args.log_level, **protocol) as run:
             soak = Soak(run, cluster, rng)
-            memory.append(soak.memory())
-            print(f"  0.0 min: {len(run.groups)} groups fed; RSS {memory[-1]}", flush=True)
-            while time.monotonic() - started < args.minutes * 60:
-                soak.quiet(rng.uniform(20, 60))
-                kind = rng.choices(["network", "replica", "broker"], weights=[6, 2, 2])[0]
-                line = {"network": soak.network, "replica": soak.kill_replica, "broker": soak.kill_broker}[kind]()
-                memory.append(soak.memory())
-                print(f"  {(time.monotonic() - started) / 60:.1f} min: {line}; {len(run.groups)} groups fed, "
-                      f"{len(run.verifier.published())} published; RSS {memory[-1]}", flush=True)
-            verdict = run.finish()
-            if run.tracebacks():
-                raise AssertionError(f"[{run.context}] unhandled errors: {run.tracebacks()}")
-            print(f"done in {(time.monotonic() - started) / 60:.1f} min: {len(run.groups)} groups "
-                  f"({len(run.groups) * N} receipts), {len(soak.events)} events; verifier {verdict.counts()}", flush=True)
-            print("replicas: " + "; ".join(f"{r}: {events(p.log())}" for r, p in run.procs.items()))
-            print(f"restarts by the schedule: {soak.restarts}; RSS first {memory[0]}, last {memory[-1]}")
-            by_kind: dict[str, list[float]] = {}
-            for kind, took in soak.events:
-                by_kind.setdefault(kind, []).append(took)
-            for kind, values in sorted(by_kind.items()):
-                print(f"  {kind}: {len(values)} events; to all published {min(values):.1f}-{max(values):.1f}s")
-            for name, eps in sorted({fault_class(ep, cluster): [e for e in run.episodes if fault_class(e, cluster) == fault_class(ep, cluster)]
-                                     for ep in run.episodes}.items()):
-                print(f"  {name}: {summary(eps)}")
+            try:
+                report(soak, run, started, args.minutes, rng, memory)
+            except AssertionError:
+                folder = diagnose(run, cluster, root / "diagnosis")
+                print(f"diagnosis (metrics, stacks, open transactions, group, stable offsets) in {folder}",
+                      flush=True)
+                if args.hold_on_failure:
+                    print(f"holding the cluster {args.hold_on_failure:.0f}s (bootstrap {cluster.bootstrap})",
+                          flush=True)
+                    time.sleep(args.hold_on_failure)
+                raise
     finally:
         cluster.discard()
         toxiproxy.stop()
     return 0
+
+
+def report(soak: Soak, run: NetRun, started: float, minutes: float, rng: random.Random, memory: list) -> None:
+    """The schedule, then the final checks and the report."""
+    cluster = soak.cluster
+    memory.append(soak.memory())
+    print(f"  0.0 min: {len(run.groups)} groups fed; RSS {memory[-1]}", flush=True)
+    while time.monotonic() - started < minutes * 60:
+        soak.quiet(rng.uniform(20, 60))
+        kind = rng.choices(["network", "replica", "broker"], weights=[6, 2, 2])[0]
+        line = {"network": soak.network, "replica": soak.kill_replica, "broker": soak.kill_broker}[kind]()
+        memory.append(soak.memory())
+        print(f"  {(time.monotonic() - started) / 60:.1f} min: {line}; {len(run.groups)} groups fed, "
+              f"{len(run.verifier.published())} published; RSS {memory[-1]}", flush=True)
+    verdict = run.finish()
+    if run.tracebacks():
+        raise AssertionError(f"[{run.context}] unhandled errors: {run.tracebacks()}")
+    print(f"done in {(time.monotonic() - started) / 60:.1f} min: {len(run.groups)} groups "
+          f"({len(run.groups) * N} receipts), {len(soak.events)} events; verifier {verdict.counts()}", flush=True)
+    print("replicas: " + "; ".join(f"{r}: {events(p.log())}" for r, p in run.procs.items()))
+    print(f"restarts by the schedule: {soak.restarts}; RSS first {memory[0]}, last {memory[-1]}")
+    by_kind: dict[str, list[float]] = {}
+    for kind, took in soak.events:
+        by_kind.setdefault(kind, []).append(took)
+    for kind, values in sorted(by_kind.items()):
+        print(f"  {kind}: {len(values)} events; to all published {min(values):.1f}-{max(values):.1f}s")
+    for name, eps in sorted({fault_class(ep, cluster): [e for e in run.episodes if fault_class(e, cluster) == fault_class(ep, cluster)]
+                             for ep in run.episodes}.items()):
+        print(f"  {name}: {summary(eps)}")
 
 
 if __name__ == "__main__":
