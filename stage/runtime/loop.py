@@ -47,6 +47,7 @@ from stage.runtime.detached import DetachedWorker
 from stage.runtime.gauges import Gauges
 from stage.runtime.kafka.availability import EndOffsetProbe, StartOffsets
 from stage.runtime.kafka.clients import Clients, consumer_config, producer_config, static_member_id
+from stage.runtime.kafka.fetchstates import FetchStates
 from stage.runtime.kafka.health import BrokerHealth
 from stage.runtime.kafka.liveness import BrokerLiveness
 from stage.runtime.kafka.probes import BrokerQueries
@@ -99,6 +100,7 @@ class StageRuntime:
         self.broker_health = BrokerHealth()   # told by the consumer's error callback and the liveness
         self.liveness: BrokerLiveness | None = None   # asks the brokers every second (silent partitions)
         self._lag_reported = 0.0                  # when the statistics last went to /metrics
+        self._fetch_states = FetchStates()        # the consumer's fetch states, logged at DEBUG
         self.partitions = Partitions()
         self.pauses = PauseSet(self.topics)
         self.resolver = SchemaResolver() if cfg.framing == "confluent" else None
@@ -253,6 +255,10 @@ class StageRuntime:
     def _on_statistics(self, stats_json: str) -> None:
         if self.liveness is not None:
             self.liveness.consumer_stats(stats_json)
+        if logger.isEnabledFor(logging.DEBUG):
+            line = self._fetch_states.changed(stats_json)
+            if line is not None:
+                logger.debug("consumer fetch states: %s", line)
         interval = self.cfg.statistics_interval_ms / 1000
         now = time.monotonic()
         if interval > 0 and now - self._lag_reported >= interval * 0.9:

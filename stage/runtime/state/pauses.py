@@ -10,7 +10,11 @@ topic's partition p) is fetched only when no reason holds for p.
 
 from __future__ import annotations
 
+import logging
+
 from confluent_kafka import TopicPartition
+
+logger = logging.getLogger("stage.runtime.loop")
 
 BACKPRESSURE = "backpressure"   # buffer caps reached
 LOADING = "loading"             # the partition's ledger is not loaded yet
@@ -53,6 +57,8 @@ class PauseSet:
         """Pause what newly has a reason, resume what has none left (``reasons`` covers every
         assigned partition; a partition not in it has left the assignment, and librdkafka
         dropped its flags)."""
+        if reasons != self.reasons and logger.isEnabledFor(logging.DEBUG):
+            logger.debug("pause reasons: %s", {p: sorted(why) for p, why in sorted(reasons.items())})
         self.reasons = dict(reasons)
         self._applied &= set(reasons)
         want = {p for p, why in reasons.items() if why}
