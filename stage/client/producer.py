@@ -97,14 +97,24 @@ class DeliveryError(RuntimeError):
         super().__init__(f"{len(self.failures)} record(s) not delivered: {shown}{more}")
 
 
+# After a broker outage the stage lets a group's deadline fire once the input partition has
+# answered again for a few seconds (stage.runtime.kafka.availability.SETTLE_S). librdkafka backs
+# off reconnecting up to reconnect.backoff.max.ms, 10 s by default: a producer could find the
+# broker back only after the deadlines of the groups still in its queue had fired (placeholders
+# for rollouts that were merely delayed). One attempt a second per broker costs nothing.
+RECONNECT_BACKOFF_MAX_MS = 1000
+
+
 def producer_defaults(bootstrap_servers: str, max_record_bytes: int) -> dict:
     """Idempotent, acks=all, small linger (batching without adding visible latency), the
     contract's partitioner (murmur2 of the key, as Kafka's Java client: librdkafka's default
-    would place group ids in other partitions than the stage expects), and librdkafka's own
-    log lines rate limited through ``logging`` (stage.client.connection)."""
+    would place group ids in other partitions than the stage expects), a reconnect back-off
+    that finds a broker back within a second, and librdkafka's own log lines rate limited
+    through ``logging`` (stage.client.connection)."""
     return {"bootstrap.servers": bootstrap_servers, "enable.idempotence": True, "acks": "all",
             "linger.ms": 5, "message.max.bytes": max(max_record_bytes + (1 << 20), 1_000_000),
-            "partitioner": LIBRDKAFKA_PARTITIONER, "logger": kafka_logger()}
+            "partitioner": LIBRDKAFKA_PARTITIONER, "reconnect.backoff.max.ms": RECONNECT_BACKOFF_MAX_MS,
+            "logger": kafka_logger()}
 
 
 class StagingProducer:

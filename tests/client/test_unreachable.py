@@ -60,3 +60,12 @@ def test_sdk_clients_log_librdkafka_through_the_rate_limited_logger():
         logger = conf["logger"]
         assert isinstance(logger, logging.Logger) and logger.name == KAFKA_LOGGER
         assert any(isinstance(f, RateLimit) for f in logger.filters)
+
+
+def test_sdk_producers_find_a_broker_back_well_within_the_stages_deadline_settle():
+    """After an outage the stage fires due deadlines SETTLE_S after a partition answers again;
+    a producer still backing off then would see its queued records' groups published as
+    placeholders (librdkafka's default back-off reaches 10 s)."""
+    from stage.runtime.kafka.availability import SETTLE_S
+    backoff_ms = producer_defaults("b:9092", 1 << 20)["reconnect.backoff.max.ms"]
+    assert backoff_ms * 2 <= SETTLE_S * 1000

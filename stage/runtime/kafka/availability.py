@@ -23,6 +23,11 @@ from dataclasses import dataclass
 
 logger = logging.getLogger(__name__)
 
+# How long a partition's probes must answer before it counts as read to its end: producers
+# deliver what they held back during an outage within this (docs/producers.md asks them to
+# reconnect within a second; librdkafka's default back-off is up to 10 s).
+SETTLE_S = 3.0
+
 
 @dataclass
 class PartitionView:
@@ -39,7 +44,7 @@ class PartitionView:
 
 
 class EndOffsetProbe:
-    def __init__(self, queries, now_ms, *, interval_s: float = 1.0, settle_s: float = 3.0,
+    def __init__(self, queries, now_ms, *, interval_s: float = 1.0, settle_s: float = SETTLE_S,
                  slow_s: float = 2.0) -> None:
         self.queries = queries
         self.now_ms = now_ms
