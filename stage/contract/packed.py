@@ -22,6 +22,7 @@ import numpy as np
 
 from .constants import CALL_DIGEST_DOMAIN
 from .encoding import U64_MAX
+from .native import native as _native
 
 _BE_U64 = np.dtype(">u8")
 _BE_F32 = np.dtype(">f4")
@@ -166,6 +167,14 @@ class PackedRows:
         return slice(self.starts[i], self.ends[i])
 
     def call_digests(self, snapshots) -> list[str | None]:
+        """``python_call_digests``, in compiled code where the extension is built (one call a
+        rollout, hashing each row's slices of the columns in place, without the GIL)."""
+        if _native is None:
+            return self.python_call_digests(snapshots)
+        return _native.call_digests(_HEAD, list(snapshots), self.token_be, self.mask_f32,
+                                    self.lp_f32, self.starts, self.ends)
+
+    def python_call_digests(self, snapshots) -> list[str | None]:
         """Each row's call digest (its snapshot's metadata over the packed columns), or None for
         a row whose fields are not plainly valid: the caller takes the exact path for it, which
         raises Gym's error in Gym's order (or computes the same digest).
