@@ -1,0 +1,260 @@
+"""The compiled loops (stage._native) against the Python loops they replace, output for output.
+
+``PackedRows.call_digests`` and the chain walk of ``verify._linearize`` run in Rust when the
+extension is built; their Python loops stay as the fallback and are the reference here. Every
+test runs the same input through both and requires the same result: the same digest or None
+per row (None sends a row to the exact path, which raises Gym's error in Gym's order), the same
+LinearizedRow or the same error, class and text. Inputs: Gym's published vectors, random valid
+rollouts, and rollouts with one field changed to an odd value (unicode and surrogate ids, wrong
+types and lengths, malformed hex digests, parents after their children).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import stage.contract.packed as packed_module
+import stage.contract.verify as verify_module
+from stage.contract import RolloutReceipt, StagedCallBaseSnapshot, verify_and_linearize
+from stage.contract.native import native
+from stage.contract.packed import PackedRows
+from stage.contract.producer import RolloutBuilder
+
+from . import reference as ref
+from .strategies import fields_of, replace, replace_manifest_row, rollouts
+
+pytestmark = pytest.mark.skipif(native is None, reason="stage._native is not built (test_native_required)")
+
+VECTORS = Path(__file__).parents[1] / "conformance" / "vectors"
+EXTENDED = json.loads((VECTORS / "gym_extended_vectors.json").read_text())
+GOLDEN = json.loads((VECTORS / "gym_golden_vectors.json").read_text())
+SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+class python_loops:
+    """Within the block, the verifier and the pack run their Python loops."""
+
+    def __enter__(self):
+        self.saved = packed_module._native, verify_module._native
+        packed_module._native = verify_module._native = None
+
+    def __exit__(self, *_exc):
+        packed_module._native, verify_module._native = self.saved
+
+
+def outcome(receipt, snapshots, **kwargs):
+    try:
+        return "row", verify_and_linearize(receipt, snapshots, **kwargs).to_json()
+    except Exception as error:  # noqa: BLE001 - the outcome compared, whatever it is
+        return type(error).__name__, str(error)
+
+
+def both_outcomes(receipt, snapshots, **kwargs):
+    compiled = outcome(receipt, snapshots, **kwargs)
+    with python_loops():
+        python = outcome(receipt, snapshots, **kwargs)
+    return compiled, python
+
+
+def digests_both(snapshots):
+    """Both loops' call digests over one pack of ``snapshots`` (None: the rows do not pack)."""
+    pack = PackedRows.try_pack(snapshots)
+    if pack is None:
+        return None, None
+    return pack.call_digests(snapshots), pack.python_call_digests(snapshots)
+
+
+def reference_digest(snapshot) -> str | None:
+    """The spec's digest of a row with plain values (tests/contract/reference.py), or None
+    where the reference cannot encode it."""
+    values = {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in fields_of(snapshot).items()}
+    names = ("rollout_id", "model_call_id", "parent_call_id", "mode", "prev_len", "delta_len",
+             "cum_len", "weight_version", "token_ids_delta", "token_mask_delta",
+             "generation_log_probs_delta", "extras_digest", "chain_hash", "cumulative_hash")
+    try:
+        return ref.staging_digest(**{k: values[k] for k in names})
+    except (TypeError, ValueError, OverflowError, KeyError):
+        return None
+
+
+# --- Gym's vectors ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("case", EXTENDED["verify_cases"], ids=lambda case: case["name"])
+@pytest.mark.parametrize("digests_verified", [False, True], ids=["digests", "digests-verified"])
+def test_gym_verify_cases(case, digests_verified):
+    receipt = RolloutReceipt.from_json(case["receipt"])
+    snapshots = [StagedCallBaseSnapshot.from_json(s) for s in case["snapshots"]]
+    compiled, python = both_outcomes(receipt, snapshots, digests_verified=digests_verified)
+    assert compiled == python
+    if not digests_verified:
+        expect = case["expect"]
+        assert compiled == (("row", expect["ok"]) if "ok" in expect else
+                            (expect["error"]["class"], expect["error"]["message"]))
+
+
+def test_gym_staged_call_vectors():
+    vectors = [*EXTENDED["staged_calls"], {**GOLDEN["staged_call"], "digest": GOLDEN["staged_call_digest"]}]
+    snapshots = [StagedCallBaseSnapshot.from_json(v) for v in vectors]
+    for snapshot, vector in zip(snapshots, vectors):
+        compiled, python = digests_both([snapshot])
+        assert compiled == python == [vector["digest"]]
+    compiled, python = digests_both(snapshots)   # one pack: rows at offsets into shared columns
+    assert compiled == python == [v["digest"] for v in vectors]
+
+
+# --- random valid rollouts ------------------------------------------------------------------
+
+@SETTINGS
+@given(rollouts(max_calls=8))
+def test_random_rollouts(r):
+    compiled, python = digests_both(r.snapshots)
+    assert compiled == python == [s.digest for s in r.snapshots]
+    for verified in (False, True):
+        compiled, python = both_outcomes(r.receipt, r.snapshots, digests_verified=verified)
+        assert compiled == python and compiled[0] == "row"
+
+
+@SETTINGS
+@given(rollouts(max_calls=8, min_calls=2), st.data())
+def test_selected_rows_of_a_larger_pack(r, data):
+    """The stage verifies on ``select``ed rows of its group's pack: offsets into columns that
+    hold other rows too."""
+    rows = data.draw(st.lists(st.integers(0, len(r.snapshots) - 1), min_size=1, unique=True))
+    pack = PackedRows.try_pack(r.snapshots).select(rows)
+    chosen = [r.snapshots[i] for i in rows]
+    assert pack.call_digests(chosen) == pack.python_call_digests(chosen) == [s.digest for s in chosen]
+    compiled, python = both_outcomes(r.receipt, r.snapshots,
+                                     packed=PackedRows.try_pack(r.snapshots).select(range(len(r.snapshots))))
+    assert compiled == python
+
+
+# --- one field changed to an odd value ------------------------------------------------------------
+
+class Text(str):
+    """A str subclass: the exact-type checks refuse it."""
+
+
+class Int(int):
+    """An int subclass: the exact-type checks refuse it."""
+
+
+_HEX = "ab" * 32
+_IDS = ["é", "日本語-呼び出し", "🙂", "a\x00b", "\ud800", "x\udfff", "", " ", Text("c"), 7, None,
+        b"c", "a" * 300]
+_INTS = [0, 1, -1, 2**64 - 1, 2**64, 2**70, -(2**64), True, False, Int(3), 3.0, "3", None]
+_DIGESTS = [_HEX.upper(), _HEX[:63], _HEX + "a", "g" * 64, " " + _HEX[1:], _HEX[:62] + " a",
+            _HEX[:63] + "\n", "é" * 64, "\ud800" * 64, Text(_HEX), _HEX.encode(), None, 0, "",
+            "0" * 64, "f" * 64]
+_CHANGES = {
+    "rollout_id": _IDS, "model_call_id": _IDS, "parent_call_id": [*_IDS],
+    "mode": ["text", "token_in", "TEXT", "tex", Text("text"), "\ud800", None, 1],
+    "prev_len": _INTS, "delta_len": _INTS, "cum_len": _INTS, "weight_version": _INTS,
+    "schema_version": [1, 3, True, Int(2), 2.0, None], "digest_version": [1, 3, True, Int(2), 2.0],
+    "extras_digest_version": [0, 2, True, Int(1), 1.0],
+    "extras_digest": _DIGESTS, "chain_hash": _DIGESTS, "cumulative_hash": _DIGESTS,
+}
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rollouts(max_calls=6), st.data())
+def test_a_changed_field_gives_the_same_digests_and_outcome(r, data):
+    snapshots = list(r.snapshots)
+    k = data.draw(st.integers(0, len(snapshots) - 1), label="row")
+    name = data.draw(st.sampled_from(sorted(_CHANGES)), label="field")
+    new = data.draw(st.sampled_from(_CHANGES[name]), label="value")
+    snapshots[k] = replace(snapshots[k], **{name: new})
+    compiled, python = digests_both(snapshots)
+    assert compiled == python
+    if compiled is not None and compiled[k] is not None:
+        assert compiled[k] == reference_digest(snapshots[k])   # a row it hashes, hashed right
+    receipt = r.receipt
+    if data.draw(st.booleans(), label="manifest too") and name != "rollout_id":
+        receipt = replace_manifest_row(receipt, k, **{name: new})
+    assert outcome(receipt, snapshots) == both_outcomes(receipt, snapshots)[1]
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rollouts(max_calls=6), st.data())
+def test_lengths_and_columns_that_do_not_join(r, data):
+    """Lengths off by one against the packed column, and a row's cum_len off its parent's."""
+    snapshots = list(r.snapshots)
+    k = data.draw(st.integers(0, len(snapshots) - 1), label="row")
+    s = snapshots[k]
+    change = data.draw(st.sampled_from([
+        {"delta_len": s.delta_len + 1}, {"delta_len": s.delta_len - 1},
+        {"cum_len": s.cum_len + 1}, {"prev_len": s.prev_len + 1},
+        {"prev_len": s.prev_len + 1, "cum_len": s.cum_len + 1},
+        {"token_ids_delta": s.token_ids_delta[:-1]},
+        {"token_mask_delta": np.zeros_like(s.token_mask_delta)},
+        {"token_mask_delta": s.token_mask_delta[::-1].copy()},
+        {"generation_log_probs_delta": s.generation_log_probs_delta + 1.0}]))
+    snapshots[k] = replace(s, **change)
+    compiled, python = digests_both(snapshots)
+    assert compiled == python
+    for side in ("snapshot", "both"):
+        receipt = r.receipt
+        if side == "both" and set(change) <= {"delta_len", "cum_len", "prev_len"}:
+            receipt = replace_manifest_row(receipt, k, **change)
+        assert outcome(receipt, snapshots) == both_outcomes(receipt, snapshots)[1]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rollouts(max_calls=6, min_chain=2), st.data())
+def test_chain_failures_are_named_at_the_same_row(r, data):
+    """A manifest chain hash changed, or a chain row's mask reordered or all carry: the walk
+    stops at the same row for the same reason."""
+    receipt, snapshots = r.receipt, list(r.snapshots)
+    row = r.index(data.draw(st.sampled_from(r.chain), label="chain row"))
+    how = data.draw(st.sampled_from(["chain_hash", "mask_order", "all_carry"]), label="how")
+    if how == "chain_hash":
+        receipt = replace_manifest_row(receipt, row, chain_hash=data.draw(st.sampled_from(
+            ["0" * 64, _HEX.upper(), Text(receipt.manifest[row].chain_hash), None])))
+    else:
+        mask = snapshots[row].token_mask_delta.copy()
+        mask = mask[::-1].copy() if how == "mask_order" else np.zeros_like(mask)
+        snapshots[row] = replace(snapshots[row], token_mask_delta=mask,
+                                 generation_log_probs_delta=np.zeros_like(mask))
+    for verified in (False, True):
+        compiled, python = both_outcomes(receipt, snapshots, digests_verified=verified)
+        assert compiled == python
+
+
+def test_parents_listed_after_their_children_and_shared_ids():
+    """Parent texts are looked up before their own rows are seen; ids reused across rows."""
+    builder = RolloutBuilder("r-ü")
+    parent = None
+    for i, call_id in enumerate(["p", "日本", "\u00e9", "e\u0301", "🙂🙂"]):
+        builder.stage(call_id, parent_call_id=parent, prompt_delta=[i + 1, i + 2], generated=[9],
+                      generated_logprobs=[-0.5], weight_version=i)
+        parent = call_id
+    order = ["🙂🙂", "e\u0301", "\u00e9", "日本", "p"]
+    receipt, snapshots = builder.receipt(parent, order=order), builder.snapshots(order)
+    compiled, python = digests_both(snapshots)
+    assert compiled == python == [s.digest for s in snapshots]
+    compiled, python = both_outcomes(receipt, snapshots)
+    assert compiled == python and compiled[0] == "row"
+
+
+def test_bad_inputs_to_the_module_raise_instead_of_reading_out_of_bounds():
+    builder = RolloutBuilder("r")
+    builder.stage("a", parent_call_id=None, prompt_delta=[1], generated=[2], generated_logprobs=[-1.0],
+                  weight_version=0)
+    snapshots = builder.snapshots()
+    pack = PackedRows.try_pack(snapshots)
+    args = (packed_module._HEAD, snapshots, pack.token_be, pack.mask_f32, pack.lp_f32)
+    with pytest.raises(ValueError):
+        native.call_digests(*args, [0], [3])            # past the columns
+    with pytest.raises(ValueError):
+        native.call_digests(*args, [0, 0], [2, 2])      # one start and end per row
+    with pytest.raises((BufferError, ValueError)):
+        native.call_digests(packed_module._HEAD, snapshots, np.zeros(8)[::2], pack.mask_f32,
+                            pack.lp_f32, [0], [2])      # not contiguous
+    with pytest.raises(ValueError):
+        native.chain_walk(b"d", [snapshots[0].chain_hash], pack.token_be, [1], pack.starts,
+                          pack.ends, pack.order_ok, pack.carry)   # no row 1
