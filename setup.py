@@ -6,8 +6,15 @@ without it, and the contract runs its pure-Python loops (stage/contract/native.p
 ROLLOUT_REASSEMBLER_REQUIRE_NATIVE=1 so a build that fell back fails the test suite.
 """
 
+import os
+from pathlib import Path
+
 from setuptools import setup
 from setuptools_rust import Binding, RustExtension
+
+# cargo's output (~80 MB) under build/ (ignored by git and docker), not in native/: anything that
+# copies the crate's sources (the image's COPY, tests/ops) then copies sources only
+os.environ.setdefault("CARGO_TARGET_DIR", str(Path(__file__).resolve().parent / "build" / "cargo"))
 
 setup(
     rust_extensions=[
