@@ -258,3 +258,63 @@ def test_bad_inputs_to_the_module_raise_instead_of_reading_out_of_bounds():
     with pytest.raises(ValueError):
         native.chain_walk(b"d", [snapshots[0].chain_hash], pack.token_be, [1], pack.starts,
                           pack.ends, pack.order_ok, pack.carry)   # no row 1
+
+
+# --- binding rows to the manifest (verify._bind_rows' common case) --------------------------------
+
+_NAN = float("nan")
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rollouts(max_calls=6, min_calls=2), st.data())
+def test_a_binding_failure_has_the_same_outcome(r, data):
+    """Whatever breaks the binding of rows to the manifest (ids, keys, order, the rollout, a
+    field compared, a version, the digest), the compiled check hands it to the loops."""
+    receipt, snapshots = r.receipt, list(r.snapshots)
+    n = len(snapshots)
+    k, j = data.draw(st.integers(0, n - 1), label="row"), data.draw(st.integers(0, n - 1), label="other")
+    record = receipt.manifest[k]
+    how = data.draw(st.sampled_from([
+        "swap", "drop", "extra", "not_a_snapshot", "dup_manifest_id", "dup_key", "key_subclass",
+        "id_subclass", "receipt_rollout", "snapshot_rollout", "nan_field", "nan_version",
+        "version_float", "digest", "manifest_digest", "manifest_tuple"]), label="how")
+    if how == "swap":
+        snapshots[k], snapshots[j] = snapshots[j], snapshots[k]
+    elif how == "drop":
+        snapshots.pop(k)
+    elif how == "extra":
+        snapshots.append(snapshots[k])
+    elif how == "not_a_snapshot":
+        snapshots[k] = record
+    elif how == "dup_manifest_id":
+        receipt = replace_manifest_row(receipt, k, model_call_id=receipt.manifest[j].model_call_id)
+    elif how == "dup_key":
+        receipt = replace_manifest_row(receipt, k, staging_key=receipt.manifest[j].staging_key)
+    elif how == "key_subclass":
+        receipt = replace_manifest_row(receipt, k, staging_key=Text(record.staging_key))
+    elif how == "id_subclass":
+        receipt = replace_manifest_row(receipt, k, model_call_id=Text(record.model_call_id))
+        snapshots[k] = replace(snapshots[k], model_call_id=Text(record.model_call_id))
+    elif how == "receipt_rollout":
+        receipt = replace(receipt, rollout_id=data.draw(st.sampled_from([Text(receipt.rollout_id), "other", "\ud800"])))
+    elif how == "snapshot_rollout":
+        snapshots[k] = replace(snapshots[k], rollout_id=receipt.rollout_id + "x")
+    elif how == "nan_field":   # the same NaN object on both sides: equal in a tuple comparison
+        snapshots[k] = replace(snapshots[k], weight_version=_NAN)
+        receipt = replace_manifest_row(receipt, k, weight_version=data.draw(st.sampled_from([_NAN, float("nan")])))
+    elif how == "nan_version":   # ... but not in a chained comparison
+        snapshots[k] = replace(snapshots[k], schema_version=_NAN)
+        receipt = replace_manifest_row(receipt, k, schema_version=_NAN)
+    elif how == "version_float":
+        snapshots[k] = replace(snapshots[k], digest_version=2.0)
+    elif how == "digest":
+        snapshots[k] = replace(snapshots[k], digest="0" * 64)
+        receipt = replace_manifest_row(receipt, k, digest="0" * 64)
+    elif how == "manifest_digest":
+        receipt = replace_manifest_row(receipt, k, digest=Text(record.digest))
+        snapshots[k] = replace(snapshots[k], digest=Text(record.digest))
+    else:
+        receipt = replace(receipt, manifest=tuple(receipt.manifest))
+    for verified in (False, True):
+        compiled, python = both_outcomes(receipt, snapshots, digests_verified=verified)
+        assert compiled == python
