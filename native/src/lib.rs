@@ -8,6 +8,7 @@
 mod buffer;
 mod call_digest;
 mod chain;
+mod columns;
 mod hex;
 
 use pyo3::prelude::*;
@@ -16,5 +17,6 @@ use pyo3::prelude::*;
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(call_digest::call_digests, m)?)?;
     m.add_function(wrap_pyfunction!(chain::chain_walk, m)?)?;
+    m.add_function(wrap_pyfunction!(columns::check_columns, m)?)?;
     Ok(())
 }

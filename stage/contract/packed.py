@@ -116,6 +116,17 @@ class PackedRows:
         self.tokens = _packed_column(ids, _U64)
         self.masks = _packed_column(masks, _F64)
         self.logprobs = _packed_column(lps, _F64)
+        if _native is not None:   # the checks, images and mask shapes below, in one pass
+            checked = _native.check_columns(self.tokens, self.masks, self.logprobs, bounds)
+            if checked is None:
+                return None
+            token_be, mask_f32, lp_f32, self.carry, self.order_ok = checked
+            self.token_be = np.frombuffer(token_be, _BE_U64)
+            self.mask_f32 = np.frombuffer(mask_f32, _BE_F32)
+            self.lp_f32 = np.frombuffer(lp_f32, _BE_F32)
+            tokens = memoryview(self.token_be)
+            self.token_rows = [tokens[a:b] for a, b in zip(self.starts, self.ends)]
+            return self
         generated = self.masks == 1.0
         carried = self.masks == 0.0
         if np.count_nonzero(generated) + np.count_nonzero(carried) != total:

@@ -1,7 +1,7 @@
 """The compiled loops (stage._native) against the Python loops they replace, output for output.
 
-``PackedRows.call_digests`` and the chain walk of ``verify._linearize`` run in Rust when the
-extension is built; their Python loops stay as the fallback and are the reference here. Every
+``PackedRows.try_pack``'s column checks, ``PackedRows.call_digests`` and the chain walk of
+``verify._linearize`` run in Rust when the extension is built; their Python loops stay as the fallback and are the reference here. Every
 test runs the same input through both and requires the same result: the same digest or None
 per row (None sends a row to the exact path, which raises Gym's error in Gym's order), the same
 LinearizedRow or the same error, class and text. Inputs: Gym's published vectors, random valid
@@ -318,3 +318,49 @@ def test_a_binding_failure_has_the_same_outcome(r, data):
     for verified in (False, True):
         compiled, python = both_outcomes(receipt, snapshots, digests_verified=verified)
         assert compiled == python
+
+
+# --- packing: the column checks, images and mask shapes ---------------------------------------
+
+_PACKED = ("starts", "ends", "lengths", "carry", "order_ok", "token_be", "mask_f32", "lp_f32",
+           "tokens", "masks", "logprobs")
+# -3.4028235e38 rounds to float32's largest finite value, -3.4028236e38 past it (to -inf)
+_VALUES = [0.0, -0.0, 1.0, -1.0, 0.5, -0.25, float("nan"), float("inf"), -float("inf"), -1e-50,
+           -5e-324, -3.4028235e38, -3.4028236e38, -1e300, 2.0]
+
+
+def _pack_attributes(snapshots):
+    pack = PackedRows.try_pack(snapshots)
+    if pack is None:
+        return None
+    out = {}
+    for name in _PACKED:
+        value = getattr(pack, name)
+        out[name] = (value.dtype.str, value.tobytes()) if isinstance(value, np.ndarray) else value
+    out["token_rows"] = [bytes(row) for row in pack.token_rows]
+    return out
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rollouts(max_calls=6), st.data())
+def test_packing_checks_and_images_are_the_same(r, data):
+    """Masks and log-probs changed position by position (signed zeros, NaN, infinities, values
+    that overflow float32, masks outside {0, 1}, generation before carry): the same pack or the
+    same refusal."""
+    snapshots = list(r.snapshots)
+    for _ in range(data.draw(st.integers(0, 3), label="changes")):
+        k = data.draw(st.integers(0, len(snapshots) - 1), label="row")
+        s = snapshots[k]
+        mask, lps = s.token_mask_delta.copy(), s.generation_log_probs_delta.copy()
+        i = data.draw(st.integers(0, len(mask) - 1), label="position")
+        column = data.draw(st.sampled_from(["mask", "lp", "both"]), label="column")
+        if column in ("mask", "both"):
+            mask[i] = data.draw(st.sampled_from(_VALUES), label="mask value")
+        if column in ("lp", "both"):
+            lps[i] = data.draw(st.sampled_from(_VALUES), label="lp value")
+        snapshots[k] = replace(s, token_mask_delta=mask, generation_log_probs_delta=lps)
+    compiled = _pack_attributes(snapshots)
+    with python_loops():
+        python = _pack_attributes(snapshots)
+    assert compiled == python
+    assert outcome(r.receipt, snapshots) == both_outcomes(r.receipt, snapshots)[1]
