@@ -10,6 +10,7 @@ mod call_digest;
 mod chain;
 mod columns;
 mod hex;
+mod objects;
 
 use pyo3::prelude::*;
 
@@ -18,5 +19,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(call_digest::call_digests, m)?)?;
     m.add_function(wrap_pyfunction!(chain::chain_walk, m)?)?;
     m.add_function(wrap_pyfunction!(columns::check_columns, m)?)?;
+    m.add_function(wrap_pyfunction!(objects::build_all, m)?)?;
     Ok(())
 }

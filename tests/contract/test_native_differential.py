@@ -19,6 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import stage.contract.linearized as linearized_module
 import stage.contract.packed as packed_module
 import stage.contract.verify as verify_module
 from stage.contract import RolloutReceipt, StagedCallBaseSnapshot, verify_and_linearize
@@ -41,11 +42,11 @@ class python_loops:
     """Within the block, the verifier and the pack run their Python loops."""
 
     def __enter__(self):
-        self.saved = packed_module._native, verify_module._native
-        packed_module._native = verify_module._native = None
+        self.saved = packed_module._native, verify_module._native, linearized_module._native
+        packed_module._native = verify_module._native = linearized_module._native = None
 
     def __exit__(self, *_exc):
-        packed_module._native, verify_module._native = self.saved
+        packed_module._native, verify_module._native, linearized_module._native = self.saved
 
 
 def outcome(receipt, snapshots, **kwargs):
@@ -364,3 +365,17 @@ def test_packing_checks_and_images_are_the_same(r, data):
         python = _pack_attributes(snapshots)
     assert compiled == python
     assert outcome(r.receipt, snapshots) == both_outcomes(r.receipt, snapshots)[1]
+
+
+def test_output_objects_are_built_alike():
+    """linearized.build_all: the same frozen objects, field dicts and all."""
+    from stage.contract import linearized
+    columns = (["a", "b", "c"], [0, 5, 9], [5, 9, 12], [1, 2**64 - 1, 0])
+    compiled = linearized.build_all(linearized.WeightVersionSpan, *columns)
+    with python_loops():
+        python = linearized.build_all(linearized.WeightVersionSpan, *columns)
+    assert compiled == python and [vars(x) for x in compiled] == [vars(x) for x in python]
+    assert all(type(x) is linearized.WeightVersionSpan for x in compiled)
+    assert linearized.build_all(linearized.ExtrasCommitment, [], [], []) == []
+    with pytest.raises(Exception):   # frozen, as a dataclass instance made by __init__
+        compiled[0].start = 1

@@ -8,6 +8,7 @@ import os
 
 import pytest
 
+import stage.contract.linearized as linearized_module
 import stage.contract.packed as packed_module
 import stage.contract.verify as verify_module
 from stage.contract.native import native
@@ -20,5 +21,6 @@ def test_the_compiled_module_is_built_and_used():
     assert native is not None, (
         "stage._native is not importable (or ROLLOUT_REASSEMBLER_NATIVE=0): install with cargo on "
         "PATH (`make install` adds ~/.cargo/bin) or rebuild it with `make native`")
-    assert packed_module._native is native and verify_module._native is native
-    assert callable(native.call_digests) and callable(native.chain_walk)
+    assert packed_module._native is verify_module._native is linearized_module._native is native
+    for name in ("check_columns", "call_digests", "chain_walk", "build_all"):
+        assert callable(getattr(native, name)), name
