@@ -1,9 +1,10 @@
-//! The chain walk of `verify._linearize` (stage/contract/verify.py): each chain row's chain
-//! hash (Gym section 3.3) extends its parent's, compared with the manifest's, then the row's
-//! mask shape; the first failure is reported for Python to raise with Gym's text.
+//! The chain of `verify._linearize` (stage/contract/verify.py). The walk: each chain row's
+//! chain hash (Gym section 3.3) extends its parent's, compared with the manifest's, then the
+//! row's mask shape; the first failure is reported for Python to raise with Gym's text. The
+//! gather: the chain's columns and its cumulative hash.
 
 use pyo3::prelude::*;
-use pyo3::types::{PyList, PyString};
+use pyo3::types::{PyByteArray, PyList, PyString};
 use sha2::{Digest, Sha256};
 
 use crate::buffer::Bytes;
@@ -74,4 +75,50 @@ pub fn chain_walk<'py>(
         }
     }
     Ok(None)
+}
+
+/// `chain_gather(domain, chain, starts, ends, tokens, masks, logprobs, token_be)`: the chain's
+/// rows of the packed native columns (u64, f64, f64) concatenated root first, as bytearrays,
+/// and the cumulative hash (Gym section 3.2) over them: `H(domain || u64(n) || the chain's
+/// u64be token images)` as hex. Copying and hashing run without the GIL.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+pub fn chain_gather<'py>(
+    py: Python<'py>, domain: &[u8], chain: Vec<usize>, starts: Vec<usize>, ends: Vec<usize>,
+    tokens: &Bound<'py, PyAny>, masks: &Bound<'py, PyAny>, logprobs: &Bound<'py, PyAny>,
+    token_be: &Bound<'py, PyAny>,
+) -> PyResult<(Bound<'py, PyByteArray>, Bound<'py, PyByteArray>, Bound<'py, PyByteArray>, Bound<'py, PyString>)> {
+    let columns = [Bytes::of(tokens)?, Bytes::of(masks)?, Bytes::of(logprobs)?, Bytes::of(token_be)?];
+    let rows_in_columns = columns[0].as_slice().len() / 8;
+    if starts.len() != ends.len() || columns.iter().any(|c| c.as_slice().len() != 8 * rows_in_columns)
+        || chain.iter().any(|&r| r >= starts.len() || starts[r] > ends[r] || ends[r] > rows_in_columns)
+    {
+        return Err(pyo3::exceptions::PyValueError::new_err("chain rows outside the packed columns"));
+    }
+    let total: usize = chain.iter().map(|&r| ends[r] - starts[r]).sum();
+    let outputs = [
+        PyByteArray::new_with(py, 8 * total, |_| Ok(()))?,
+        PyByteArray::new_with(py, 8 * total, |_| Ok(()))?,
+        PyByteArray::new_with(py, 8 * total, |_| Ok(()))?,
+    ];
+    // Safety: bytearrays created above, referenced nowhere else while they are written.
+    let mut targets: Vec<&mut [u8]> = outputs.iter().map(|o| unsafe { o.as_bytes_mut() }).collect();
+    let digest: [u8; 32] = py.detach(|| {
+        let mut h = Sha256::new();
+        h.update(domain);
+        h.update((total as u64).to_be_bytes());
+        let mut at = 0;
+        for &r in &chain {
+            let (a, b) = (8 * starts[r], 8 * ends[r]);
+            for (target, column) in targets.iter_mut().zip(&columns) {
+                target[at..at + b - a].copy_from_slice(&column.as_slice()[a..b]);
+            }
+            h.update(&columns[3].as_slice()[a..b]);
+            at += b - a;
+        }
+        h.finalize().into()
+    });
+    let [ids, mask, lps] = outputs;
+    let text = hex64(&digest);
+    Ok((ids, mask, lps, PyString::new(py, std::str::from_utf8(&text).unwrap())))
 }

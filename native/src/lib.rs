@@ -18,6 +18,7 @@ use pyo3::prelude::*;
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(call_digest::call_digests, m)?)?;
     m.add_function(wrap_pyfunction!(chain::chain_walk, m)?)?;
+    m.add_function(wrap_pyfunction!(chain::chain_gather, m)?)?;
     m.add_function(wrap_pyfunction!(columns::check_columns, m)?)?;
     m.add_function(wrap_pyfunction!(objects::build_all, m)?)?;
     Ok(())

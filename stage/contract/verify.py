@@ -250,29 +250,21 @@ def _linearize(receipt, manifest, snapshots, by_id, images, packed) -> Linearize
     chain.reverse()
 
     records = [manifest[row] for row in chain]
-    if packed is not None and _native is not None:
+    if packed is not None and _native is not None:   # the walk, the gather and the hash compiled
         carries, lengths = _native_chain_walk(records, chain, packed)
+        ids, mask, lps, cumulative = _native.chain_gather(
+            PREFIX_HASH_DOMAIN, chain, packed.starts, packed.ends, packed.tokens, packed.masks,
+            packed.logprobs, packed.token_be)
+        token_ids, token_mask = np.frombuffer(ids, np.uint64), np.frombuffer(mask, np.float64)
+        logprobs = np.frombuffer(lps, np.float64)
     else:
         carries, lengths = _chain_walk(records, chain, snapshots, images, packed)
-
-    h = hashlib.sha256(PREFIX_HASH_DOMAIN)
-    h.update(_U64(sum(lengths)))
-    if packed is not None:
-        parts = _chain_parts(chain, packed.starts, packed.ends)
-        token_ids = _gather_parts(packed.tokens, parts)
-        token_mask = _gather_parts(packed.masks, parts)
-        logprobs = _gather_parts(packed.logprobs, parts)
-        token_be = memoryview(packed.token_be)
-        for part in parts:   # the chain's token images where they lie, no copy
-            h.update(token_be[part])
-    else:
-        token_ids, token_mask, logprobs = _gather(chain, snapshots)
-        for row in chain:
-            h.update(images[row])
+        token_ids, token_mask, logprobs, cumulative = _gather_and_hash(
+            chain, snapshots, images, packed, sum(lengths))
     if not token_mask.any():
         raise R(Code.EMPTY_TRAINING_ROW, "terminal chain has no generated tokens")
     last = records[-1]
-    if last.cumulative_hash != h.hexdigest():
+    if last.cumulative_hash != cumulative:
         raise R(Code.CUMULATIVE_HASH_MISMATCH, f"terminal call {last.model_call_id} cumulative hash "
                 "does not cover the linearized tokens")
     call_ids = [record.model_call_id for record in records]
@@ -286,6 +278,26 @@ def _linearize(receipt, manifest, snapshots, by_id, images, packed) -> Linearize
         extras_commitments=build_all(ExtrasCommitment, call_ids,
                                      [record.extras_digest_version for record in records],
                                      [record.extras_digest for record in records]))
+
+
+def _gather_and_hash(chain, snapshots, images, packed, total: int):
+    """The chain's token ids, masks and log-probs, root first, and the cumulative hash (hex)
+    over its ``total`` tokens' images."""
+    h = hashlib.sha256(PREFIX_HASH_DOMAIN)
+    h.update(_U64(total))
+    if packed is not None:
+        parts = _chain_parts(chain, packed.starts, packed.ends)
+        token_ids = _gather_parts(packed.tokens, parts)
+        token_mask = _gather_parts(packed.masks, parts)
+        logprobs = _gather_parts(packed.logprobs, parts)
+        token_be = memoryview(packed.token_be)
+        for part in parts:   # the chain's token images where they lie, no copy
+            h.update(token_be[part])
+    else:
+        token_ids, token_mask, logprobs = _gather(chain, snapshots)
+        for row in chain:
+            h.update(images[row])
+    return token_ids, token_mask, logprobs, h.hexdigest()
 
 
 def _chain_walk(records, chain, snapshots, images, packed) -> tuple[list[int], list[int]]:

@@ -379,3 +379,27 @@ def test_output_objects_are_built_alike():
     assert linearized.build_all(linearized.ExtrasCommitment, [], [], []) == []
     with pytest.raises(Exception):   # frozen, as a dataclass instance made by __init__
         compiled[0].start = 1
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rollouts(max_calls=8, min_chain=2), st.data())
+def test_the_gathered_chain_and_its_cumulative_hash(r, data):
+    """The chain's columns gathered and hashed in one call: the same arrays (dtype and bytes),
+    and a wrong cumulative hash or an all-carry chain refused the same way."""
+    receipt, snapshots = r.receipt, list(r.snapshots)
+    how = data.draw(st.sampled_from(["as is", "cumulative", "cumulative_subclass"]), label="how")
+    terminal = r.index(r.terminal)
+    if how == "cumulative":
+        receipt = replace_manifest_row(receipt, terminal, cumulative_hash="0" * 64)
+    elif how == "cumulative_subclass":
+        receipt = replace_manifest_row(receipt, terminal,
+                                       cumulative_hash=Text(receipt.manifest[terminal].cumulative_hash))
+    compiled, python = both_outcomes(receipt, snapshots)
+    assert compiled == python
+    if compiled[0] == "row":
+        row = verify_and_linearize(receipt, snapshots)
+        with python_loops():
+            reference = verify_and_linearize(receipt, snapshots)
+        for name in ("token_ids", "token_mask", "logprobs"):
+            ours, theirs = getattr(row, name), getattr(reference, name)
+            assert ours.dtype == theirs.dtype and ours.tobytes() == theirs.tobytes(), name
