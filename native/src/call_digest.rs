@@ -48,14 +48,22 @@ fn push_text(out: &mut Vec<u8>, text: &[u8]) {
 /// UnicodeEncodeError).
 fn id_text<'a>(value: &'a Bound<'_, PyAny>) -> Option<&'a [u8]> {
     let text = exact_str(value)?.to_str().ok()?;
-    if text.is_empty() { None } else { Some(text.as_bytes()) }
+    if text.is_empty() {
+        None
+    } else {
+        Some(text.as_bytes())
+    }
 }
 
 /// The row's payload head and tail, or None where `packed.py`'s loop appends None. The
 /// attributes are read in that loop's order (the digests first, for every row).
 fn plan_row(
-    py: Python<'_>, head: &[u8], s: &Bound<'_, PyAny>, digests: [Option<[u8; 32]>; 3],
-    start: usize, end: usize,
+    py: Python<'_>,
+    head: &[u8],
+    s: &Bound<'_, PyAny>,
+    digests: [Option<[u8; 32]>; 3],
+    start: usize,
+    end: usize,
 ) -> PyResult<Option<Row>> {
     let parent = s.getattr(pyo3::intern!(py, "parent_call_id"))?;
     let mode = s.getattr(pyo3::intern!(py, "mode"))?;
@@ -146,9 +154,16 @@ fn hash_row(row: &Row, tokens: &[u8], masks: &[u8], lps: &[u8]) -> [u8; 32] {
 /// and log-probs), or None for a row that is not plainly valid. `head` is the payload's
 /// domain and version bytes. Hashing runs without the GIL.
 #[pyfunction]
+#[allow(clippy::too_many_arguments)]
 pub fn call_digests<'py>(
-    py: Python<'py>, head: &[u8], snapshots: &Bound<'py, PyList>, token_be: &Bound<'py, PyAny>,
-    mask_f32: &Bound<'py, PyAny>, lp_f32: &Bound<'py, PyAny>, starts: Vec<usize>, ends: Vec<usize>,
+    py: Python<'py>,
+    head: &[u8],
+    snapshots: &Bound<'py, PyList>,
+    token_be: &Bound<'py, PyAny>,
+    mask_f32: &Bound<'py, PyAny>,
+    lp_f32: &Bound<'py, PyAny>,
+    starts: Vec<usize>,
+    ends: Vec<usize>,
 ) -> PyResult<Vec<Option<Py<PyString>>>> {
     let count = snapshots.len();
     if starts.len() != count || ends.len() != count {

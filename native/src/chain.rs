@@ -24,8 +24,15 @@ const EMPTY_GENERATION: u8 = 2;
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
 pub fn chain_walk<'py>(
-    py: Python<'py>, domain: &[u8], expected: &Bound<'py, PyList>, token_be: &Bound<'py, PyAny>,
-    chain: Vec<usize>, starts: Vec<usize>, ends: Vec<usize>, order_ok: Vec<bool>, carry: Vec<usize>,
+    py: Python<'py>,
+    domain: &[u8],
+    expected: &Bound<'py, PyList>,
+    token_be: &Bound<'py, PyAny>,
+    chain: Vec<usize>,
+    starts: Vec<usize>,
+    ends: Vec<usize>,
+    order_ok: Vec<bool>,
+    carry: Vec<usize>,
 ) -> PyResult<Option<(usize, u8)>> {
     let count = expected.len();
     let rows = starts.len();
@@ -77,6 +84,10 @@ pub fn chain_walk<'py>(
     Ok(None)
 }
 
+/// The chain's token ids, masks and log-probs (bytearrays) and its cumulative hash (hex).
+type Gathered<'py> =
+    (Bound<'py, PyByteArray>, Bound<'py, PyByteArray>, Bound<'py, PyByteArray>, Bound<'py, PyString>);
+
 /// `chain_gather(domain, chain, starts, ends, tokens, masks, logprobs, token_be)`: the chain's
 /// rows of the packed native columns (u64, f64, f64) concatenated root first, as bytearrays,
 /// and the cumulative hash (Gym section 3.2) over them: `H(domain || u64(n) || the chain's
@@ -84,13 +95,20 @@ pub fn chain_walk<'py>(
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
 pub fn chain_gather<'py>(
-    py: Python<'py>, domain: &[u8], chain: Vec<usize>, starts: Vec<usize>, ends: Vec<usize>,
-    tokens: &Bound<'py, PyAny>, masks: &Bound<'py, PyAny>, logprobs: &Bound<'py, PyAny>,
+    py: Python<'py>,
+    domain: &[u8],
+    chain: Vec<usize>,
+    starts: Vec<usize>,
+    ends: Vec<usize>,
+    tokens: &Bound<'py, PyAny>,
+    masks: &Bound<'py, PyAny>,
+    logprobs: &Bound<'py, PyAny>,
     token_be: &Bound<'py, PyAny>,
-) -> PyResult<(Bound<'py, PyByteArray>, Bound<'py, PyByteArray>, Bound<'py, PyByteArray>, Bound<'py, PyString>)> {
+) -> PyResult<Gathered<'py>> {
     let columns = [Bytes::of(tokens)?, Bytes::of(masks)?, Bytes::of(logprobs)?, Bytes::of(token_be)?];
     let rows_in_columns = columns[0].as_slice().len() / 8;
-    if starts.len() != ends.len() || columns.iter().any(|c| c.as_slice().len() != 8 * rows_in_columns)
+    if starts.len() != ends.len()
+        || columns.iter().any(|c| c.as_slice().len() != 8 * rows_in_columns)
         || chain.iter().any(|&r| r >= starts.len() || starts[r] > ends[r] || ends[r] > rows_in_columns)
     {
         return Err(pyo3::exceptions::PyValueError::new_err("chain rows outside the packed columns"));

@@ -6,7 +6,8 @@ use pyo3::types::PyByteArray;
 
 use crate::buffer::Bytes;
 
-type Checked<'py> = (Bound<'py, PyByteArray>, Bound<'py, PyByteArray>, Bound<'py, PyByteArray>, Vec<usize>, Vec<bool>);
+type Checked<'py> =
+    (Bound<'py, PyByteArray>, Bound<'py, PyByteArray>, Bound<'py, PyByteArray>, Vec<usize>, Vec<bool>);
 
 /// `check_columns(tokens, masks, logprobs, bounds)`: the packed native-order columns (u64,
 /// f64, f64) of rows `bounds[r]:bounds[r + 1]`. None where `try_pack` gives up (a mask
@@ -16,14 +17,20 @@ type Checked<'py> = (Bound<'py, PyByteArray>, Bound<'py, PyByteArray>, Bound<'py
 /// and whether no generated position is followed by a carried one within the row.
 #[pyfunction]
 pub fn check_columns<'py>(
-    py: Python<'py>, tokens: &Bound<'py, PyAny>, masks: &Bound<'py, PyAny>, logprobs: &Bound<'py, PyAny>,
+    py: Python<'py>,
+    tokens: &Bound<'py, PyAny>,
+    masks: &Bound<'py, PyAny>,
+    logprobs: &Bound<'py, PyAny>,
     bounds: Vec<usize>,
 ) -> PyResult<Option<Checked<'py>>> {
     let (tokens, masks, logprobs) = (Bytes::of(tokens)?, Bytes::of(masks)?, Bytes::of(logprobs)?);
     let (t, m, l) = (tokens.as_slice(), masks.as_slice(), logprobs.as_slice());
     let total = t.len() / 8;
-    if t.len() % 8 != 0 || m.len() != 8 * total || l.len() != 8 * total
-        || bounds.first() != Some(&0) || bounds.last() != Some(&total)
+    if t.len() % 8 != 0
+        || m.len() != 8 * total
+        || l.len() != 8 * total
+        || bounds.first() != Some(&0)
+        || bounds.last() != Some(&total)
         || bounds.windows(2).any(|w| w[0] > w[1])
     {
         return Err(pyo3::exceptions::PyValueError::new_err("columns and bounds do not match"));
@@ -44,8 +51,11 @@ pub fn check_columns<'py>(
         let (mask_in, lp_in) = (&m[8 * start..8 * end], &l[8 * start..8 * end]);
         let (mask_out, lp_out) = (&mut mb[4 * start..4 * end], &mut lb[4 * start..4 * end]);
         let (mut generated, mut drops, mut bad, mut previous) = (0usize, 0usize, false, false);
-        for (((mask, lp), mask_to), lp_to) in mask_in.chunks_exact(8).zip(lp_in.chunks_exact(8))
-            .zip(mask_out.chunks_exact_mut(4)).zip(lp_out.chunks_exact_mut(4))
+        for (((mask, lp), mask_to), lp_to) in mask_in
+            .chunks_exact(8)
+            .zip(lp_in.chunks_exact(8))
+            .zip(mask_out.chunks_exact_mut(4))
+            .zip(lp_out.chunks_exact_mut(4))
         {
             let mask = f64::from_ne_bytes(mask.try_into().unwrap());
             let lp = f64::from_ne_bytes(lp.try_into().unwrap());
@@ -54,7 +64,7 @@ pub fn check_columns<'py>(
             bad |= !is_generated & ((mask != 0.0) | (lp != 0.0));
             let lp32 = lp as f32;
             bad |= !lp32.is_finite();
-            drops += (previous & !is_generated) as usize;   // a generated position, then a carried one
+            drops += (previous & !is_generated) as usize; // a generated position, then a carried one
             previous = is_generated;
             generated += is_generated as usize;
             mask_to.copy_from_slice(&(mask as f32).to_be_bytes());

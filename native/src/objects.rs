@@ -11,7 +11,10 @@ use pyo3::types::{PyDict, PyList, PyTuple, PyType};
 /// instance dict only (the dataclasses of stage/contract/linearized.py).
 #[pyfunction]
 pub fn build_all<'py>(
-    py: Python<'py>, cls: &Bound<'py, PyType>, names: &Bound<'py, PyTuple>, columns: Vec<Bound<'py, PyList>>,
+    py: Python<'py>,
+    cls: &Bound<'py, PyType>,
+    names: &Bound<'py, PyTuple>,
+    columns: Vec<Bound<'py, PyList>>,
 ) -> PyResult<Bound<'py, PyList>> {
     if columns.len() != names.len() {
         return Err(pyo3::exceptions::PyValueError::new_err("one column per name"));
@@ -33,7 +36,8 @@ pub fn build_all<'py>(
             values.set_item(name, column.get_item(i)?)?;
         }
         // object.__setattr__(item, "__dict__", values): a frozen dataclass refuses setattr
-        let rc = unsafe { ffi::PyObject_GenericSetDict(item.as_ptr(), values.as_ptr(), std::ptr::null_mut()) };
+        let rc =
+            unsafe { ffi::PyObject_GenericSetDict(item.as_ptr(), values.as_ptr(), std::ptr::null_mut()) };
         if rc != 0 {
             return Err(PyErr::fetch(py));
         }
