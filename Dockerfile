@@ -16,6 +16,14 @@
 # registry answers, and serves the wheels over WHEELHOUSE_URL); a base without ${PYTHON} gets it
 # from its apt sources.
 #
+# The compiled verification loops (stage._native, built from native/ by setup.py) need a Rust
+# toolchain, crates from crates.io and a C linker at build time only: the install RUN below
+# fetches them, builds, and removes them again, so the image carries none of it. A mirror:
+# RUSTUP_DIST_SERVER (rustup), cargo's own settings for crates. Where neither can be reached,
+#   docker build --build-arg RUST_TOOLCHAIN= .
+# builds the image without the extension: the contract then runs its pure-Python loops (the
+# same results, verification ~1.1-1.3x slower; docs/performance.md), and the build says so.
+#
 # Configuration: environment variables ROLLOUT_REASSEMBLER_* and/or a YAML file
 # (`run --config /etc/rollout-reassembler/stage.yaml`), docs/configuration.md. The image serves
 # /metrics, /healthz and /readyz on ROLLOUT_REASSEMBLER_METRICS_PORT (9400); the environment
@@ -31,6 +39,9 @@ ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 # A local wheel directory served over HTTP (tools/docker/images.sh): pip then uses only it.
 ARG WHEELHOUSE_URL=""
 ARG UID=10001
+# The Rust toolchain that builds stage._native (empty: no extension) and where rustup gets it.
+ARG RUST_TOOLCHAIN=1.95.0
+ARG RUSTUP_DIST_SERVER=https://static.rust-lang.org
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
@@ -69,17 +80,42 @@ RUN set -eux; \
     elif [ -n "${TORCH_INDEX_URL}" ]; then \
         set -- --extra-index-url "${TORCH_INDEX_URL}"; \
     fi; \
-    pip install "$@" -c constraints.txt -r /tmp/requirements.txt "setuptools>=77"; \
+    pip install "$@" -c constraints.txt -r /tmp/requirements.txt "setuptools>=77" \
+        "setuptools-rust==1.13.0" "semantic-version==2.10.0"; \
     rm /tmp/requirements.txt
 
-COPY README.md ./
+COPY README.md setup.py MANIFEST.in ./
+COPY native ./native
 COPY schemas ./schemas
 COPY stage ./stage
 # The Avro contract is package data (stage/wire/avsc links to schemas/, so both are copied);
-# it is loaded once at build time to prove the installed package finds it.
-# hadolint ignore=DL3013
+# it is loaded once at build time to prove the installed package finds it. With RUST_TOOLCHAIN
+# set, the build fails unless stage._native was built (setup.py's extension is optional) and
+# loads once the toolchain and linker are gone (`-I`: the installed package, not /src/stage).
+# hadolint ignore=DL3008,DL3013
 RUN set -eux; \
+    linker=no; \
+    if [ -n "${RUST_TOOLCHAIN}" ]; then \
+        if ! command -v cc >/dev/null 2>&1; then \
+            linker=installed; \
+            apt-get update; \
+            DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends ca-certificates gcc libc6-dev; \
+            rm -rf /var/lib/apt/lists/*; \
+        fi; \
+        export RUSTUP_HOME=/tmp/rust CARGO_HOME=/tmp/rust PATH="/tmp/rust/bin:${PATH}"; \
+        python -c 'import platform, sys, urllib.request; urllib.request.urlretrieve(sys.argv[1] % platform.machine(), sys.argv[2])' \
+            "${RUSTUP_DIST_SERVER}/rustup/dist/%s-unknown-linux-gnu/rustup-init" /tmp/rustup-init; \
+        chmod +x /tmp/rustup-init; \
+        /tmp/rustup-init -y --no-modify-path --profile minimal --default-toolchain "${RUST_TOOLCHAIN}"; \
+    fi; \
     pip install --no-deps --no-build-isolation .; \
+    rm -rf build; \
+    if [ -n "${RUST_TOOLCHAIN}" ]; then \
+        rm -rf /tmp/rust /tmp/rustup-init; \
+        if [ "${linker}" = installed ]; then apt-get purge -y --auto-remove gcc libc6-dev; fi; \
+        python -I -c 'import stage._native'; \
+    fi; \
+    python -I -c 'from stage.contract.native import native; print("stage._native:", native.__file__ if native else "not built: Python loops")'; \
     python -c 'from stage.wire import schema_names; print("schemas:", ", ".join(schema_names()))'; \
     rollout-reassembler --help >/dev/null
 

@@ -7,6 +7,8 @@ from itertools import repeat
 
 import numpy as np
 
+from .native import native as _native
+
 
 @dataclass(frozen=True)
 class WeightVersionSpan:
@@ -71,7 +73,10 @@ _FIELD_NAMES = {cls: tuple(f.name for f in fields(cls)) for cls in (WeightVersio
 def build_all(cls, *columns) -> list:
     """``[cls(*row) for row in zip(*columns)]`` for the verifier's frozen output types, without
     a Python ``__init__`` call per row (one instance per chain call is part of verification's
-    cost): each instance is allocated and given its field dict in C loops, as unpickling does."""
+    cost): each instance is allocated and given its field dict in C loops, as unpickling does
+    (in one compiled call where stage._native is built)."""
+    if _native is not None:
+        return _native.build_all(cls, _FIELD_NAMES[cls], list(map(list, columns)))
     items = list(map(object.__new__, repeat(cls, len(columns[0]))))
     names = _FIELD_NAMES[cls]
     list(map(object.__setattr__, items, repeat("__dict__"), map(dict, map(zip, repeat(names), zip(*columns)))))

@@ -22,6 +22,7 @@ import numpy as np
 
 from .constants import CALL_DIGEST_DOMAIN
 from .encoding import U64_MAX
+from .native import native as _native
 
 _BE_U64 = np.dtype(">u8")
 _BE_F32 = np.dtype(">f4")
@@ -115,6 +116,17 @@ class PackedRows:
         self.tokens = _packed_column(ids, _U64)
         self.masks = _packed_column(masks, _F64)
         self.logprobs = _packed_column(lps, _F64)
+        if _native is not None:   # the checks, images and mask shapes below, in one pass
+            checked = _native.check_columns(self.tokens, self.masks, self.logprobs, bounds)
+            if checked is None:
+                return None
+            token_be, mask_f32, lp_f32, self.carry, self.order_ok = checked
+            self.token_be = np.frombuffer(token_be, _BE_U64)
+            self.mask_f32 = np.frombuffer(mask_f32, _BE_F32)
+            self.lp_f32 = np.frombuffer(lp_f32, _BE_F32)
+            tokens = memoryview(self.token_be)
+            self.token_rows = [tokens[a:b] for a, b in zip(self.starts, self.ends)]
+            return self
         generated = self.masks == 1.0
         carried = self.masks == 0.0
         if np.count_nonzero(generated) + np.count_nonzero(carried) != total:
@@ -166,6 +178,14 @@ class PackedRows:
         return slice(self.starts[i], self.ends[i])
 
     def call_digests(self, snapshots) -> list[str | None]:
+        """``python_call_digests``, in compiled code where the extension is built (one call a
+        rollout, hashing each row's slices of the columns in place, without the GIL)."""
+        if _native is None:
+            return self.python_call_digests(snapshots)
+        return _native.call_digests(_HEAD, list(snapshots), self.token_be, self.mask_f32,
+                                    self.lp_f32, self.starts, self.ends)
+
+    def python_call_digests(self, snapshots) -> list[str | None]:
         """Each row's call digest (its snapshot's metadata over the packed columns), or None for
         a row whose fields are not plainly valid: the caller takes the exact path for it, which
         raises Gym's error in Gym's order (or computes the same digest).

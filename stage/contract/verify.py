@@ -31,6 +31,7 @@ from .constants import (
 from .digests import check_staging_preconditions, staging_digest_from_image
 from .errors import RebuildError, ReceiptVerificationError
 from .linearized import ExtrasCommitment, LinearizedRow, WeightVersionSpan, build_all
+from .native import native as _native
 from .packed import PackedRows
 from .records import RolloutReceipt, StagedCallBaseSnapshot
 
@@ -249,47 +250,21 @@ def _linearize(receipt, manifest, snapshots, by_id, images, packed) -> Linearize
     chain.reverse()
 
     records = [manifest[row] for row in chain]
-    carries, lengths = [], []
-    if packed is not None:   # the mask shapes were computed for all rows at once
-        carry_of, order_of, length_of = packed.carry, packed.order_ok, packed.lengths
-    running_raw = None
-    sha256, join = hashlib.sha256, b"".join
-    for record, row in zip(records, chain):
-        marker = b"\x00" if running_raw is None else b"\x01" + running_raw
-        image = images[row]
-        running_raw = sha256(join((CHAIN_HASH_DOMAIN, marker, _U64(len(image)), image))).digest()
-        if record.chain_hash != running_raw.hex():
-            raise R(Code.CHAIN_HASH_MISMATCH, f"call {record.model_call_id} does not extend its "
-                    "parent's staged chain")
-        if packed is not None:
-            carry, order_ok, n = carry_of[row], order_of[row], length_of[row]
-        else:
-            carry, order_ok, n = _mask_shape(snapshots[row])
-        if not order_ok:
-            raise R(Code.INVALID_MASK_ORDER, f"call {record.model_call_id} mask is not carry-then-generation")
-        if carry == n:
-            raise R(Code.EMPTY_GENERATION, f"call {record.model_call_id} contains no policy-generated token")
-        carries.append(carry)
-        lengths.append(n)
-
-    h = hashlib.sha256(PREFIX_HASH_DOMAIN)
-    h.update(_U64(sum(lengths)))
-    if packed is not None:
-        parts = _chain_parts(chain, packed.starts, packed.ends)
-        token_ids = _gather_parts(packed.tokens, parts)
-        token_mask = _gather_parts(packed.masks, parts)
-        logprobs = _gather_parts(packed.logprobs, parts)
-        token_be = memoryview(packed.token_be)
-        for part in parts:   # the chain's token images where they lie, no copy
-            h.update(token_be[part])
+    if packed is not None and _native is not None:   # the walk, the gather and the hash compiled
+        carries, lengths = _native_chain_walk(records, chain, packed)
+        ids, mask, lps, cumulative = _native.chain_gather(
+            PREFIX_HASH_DOMAIN, chain, packed.starts, packed.ends, packed.tokens, packed.masks,
+            packed.logprobs, packed.token_be)
+        token_ids, token_mask = np.frombuffer(ids, np.uint64), np.frombuffer(mask, np.float64)
+        logprobs = np.frombuffer(lps, np.float64)
     else:
-        token_ids, token_mask, logprobs = _gather(chain, snapshots)
-        for row in chain:
-            h.update(images[row])
+        carries, lengths = _chain_walk(records, chain, snapshots, images, packed)
+        token_ids, token_mask, logprobs, cumulative = _gather_and_hash(
+            chain, snapshots, images, packed, sum(lengths))
     if not token_mask.any():
         raise R(Code.EMPTY_TRAINING_ROW, "terminal chain has no generated tokens")
     last = records[-1]
-    if last.cumulative_hash != h.hexdigest():
+    if last.cumulative_hash != cumulative:
         raise R(Code.CUMULATIVE_HASH_MISMATCH, f"terminal call {last.model_call_id} cumulative hash "
                 "does not cover the linearized tokens")
     call_ids = [record.model_call_id for record in records]
@@ -303,6 +278,79 @@ def _linearize(receipt, manifest, snapshots, by_id, images, packed) -> Linearize
         extras_commitments=build_all(ExtrasCommitment, call_ids,
                                      [record.extras_digest_version for record in records],
                                      [record.extras_digest for record in records]))
+
+
+def _gather_and_hash(chain, snapshots, images, packed, total: int):
+    """The chain's token ids, masks and log-probs, root first, and the cumulative hash (hex)
+    over its ``total`` tokens' images."""
+    h = hashlib.sha256(PREFIX_HASH_DOMAIN)
+    h.update(_U64(total))
+    if packed is not None:
+        parts = _chain_parts(chain, packed.starts, packed.ends)
+        token_ids = _gather_parts(packed.tokens, parts)
+        token_mask = _gather_parts(packed.masks, parts)
+        logprobs = _gather_parts(packed.logprobs, parts)
+        token_be = memoryview(packed.token_be)
+        for part in parts:   # the chain's token images where they lie, no copy
+            h.update(token_be[part])
+    else:
+        token_ids, token_mask, logprobs = _gather(chain, snapshots)
+        for row in chain:
+            h.update(images[row])
+    return token_ids, token_mask, logprobs, h.hexdigest()
+
+
+def _chain_walk(records, chain, snapshots, images, packed) -> tuple[list[int], list[int]]:
+    """Each chain row's chain hash extends its parent's and matches its manifest row; its mask
+    is carry-then-generation with a generation. Returns the chain's carries and lengths."""
+    carries, lengths = [], []
+    if packed is not None:   # the mask shapes were computed for all rows at once
+        carry_of, order_of, length_of = packed.carry, packed.order_ok, packed.lengths
+    running_raw = None
+    sha256, join = hashlib.sha256, b"".join
+    for record, row in zip(records, chain):
+        marker = b"\x00" if running_raw is None else b"\x01" + running_raw
+        image = images[row]
+        running_raw = sha256(join((CHAIN_HASH_DOMAIN, marker, _U64(len(image)), image))).digest()
+        if record.chain_hash != running_raw.hex():
+            _raise_chain_failure(record, _CHAIN_HASH_MISMATCH)
+        if packed is not None:
+            carry, order_ok, n = carry_of[row], order_of[row], length_of[row]
+        else:
+            carry, order_ok, n = _mask_shape(snapshots[row])
+        if not order_ok:
+            _raise_chain_failure(record, _INVALID_MASK_ORDER)
+        if carry == n:
+            _raise_chain_failure(record, _EMPTY_GENERATION)
+        carries.append(carry)
+        lengths.append(n)
+    return carries, lengths
+
+
+def _native_chain_walk(records, chain, packed) -> tuple[list[int], list[int]]:
+    """``_chain_walk`` on packed rows, the hashing and checks in one compiled call: it names
+    the first failing chain row and why, in the Python walk's order; the error is raised here.
+    The images are the packed token rows (``_recompute_digest`` returns the same bytes)."""
+    failed = _native.chain_walk(CHAIN_HASH_DOMAIN, [record.chain_hash for record in records],
+                                packed.token_be, chain, packed.starts, packed.ends,
+                                packed.order_ok, packed.carry)
+    if failed is not None:
+        _raise_chain_failure(records[failed[0]], failed[1])
+    carry_of, length_of = packed.carry, packed.lengths
+    return [carry_of[row] for row in chain], [length_of[row] for row in chain]
+
+
+# stage._native.chain_walk's failure codes
+_CHAIN_HASH_MISMATCH, _INVALID_MASK_ORDER, _EMPTY_GENERATION = 0, 1, 2
+
+
+def _raise_chain_failure(record, code: int):
+    call_id = record.model_call_id
+    if code == _CHAIN_HASH_MISMATCH:
+        raise R(Code.CHAIN_HASH_MISMATCH, f"call {call_id} does not extend its parent's staged chain")
+    if code == _INVALID_MASK_ORDER:
+        raise R(Code.INVALID_MASK_ORDER, f"call {call_id} mask is not carry-then-generation")
+    raise R(Code.EMPTY_GENERATION, f"call {call_id} contains no policy-generated token")
 
 
 def _mask_shape(snapshot) -> tuple[int, bool, int]:

@@ -109,12 +109,13 @@ PYTHON
     # (pip's default, 5 resumes, ran out once here) rather than failing the whole suite
     env -u PIP_FIND_LINKS "$PY" -m pip download --quiet --dest "$WHEELHOUSE" --only-binary=:all: \
         --retries 10 --resume-retries 50 "${index[@]}" \
-        -c "$ROOT/constraints.txt" -r "$WHEELHOUSE/requirements.txt" "setuptools>=77" >&2
+        -c "$ROOT/constraints.txt" -r "$WHEELHOUSE/requirements.txt" "setuptools>=77" \
+        "setuptools-rust==1.13.0" "semantic-version==2.10.0" >&2
     rm -f "$WHEELHOUSE"/.complete-* && touch "$stamp"
 }
 
 build_stage() (
-    local recipe; recipe=$( (hash_of Dockerfile .dockerignore pyproject.toml constraints.txt README.md schemas stage; image_id "$PYTHON_IMAGE"; echo "${WHEELHOUSE_INDEX:-}") | sha1sum | cut -c1-16)
+    local recipe; recipe=$( (hash_of Dockerfile .dockerignore pyproject.toml constraints.txt README.md setup.py MANIFEST.in native/Cargo.toml native/Cargo.lock native/src schemas stage; image_id "$PYTHON_IMAGE"; echo "${WHEELHOUSE_INDEX:-} ${RUST_TOOLCHAIN-default}") | sha1sum | cut -c1-16)
     current "$STAGE_IMAGE" "$recipe" && return
     timed wheelhouse ""
     # A fixed port keeps the build argument, and so docker's cache of the dependency layer,
@@ -128,8 +129,11 @@ build_stage() (
     trap 'kill "$server" 2>/dev/null || true' EXIT
     # torch comes from the wheelhouse (pip gets --no-index); TORCH_INDEX_URL still names the
     # wheelhouse's index so the CPU and CUDA builds never share docker's dependency layer.
+    # stage._native: the toolchain comes from rustup, the crates from crates.io (the Dockerfile's
+    # RUST_TOOLCHAIN; RUST_TOOLCHAIN= in the environment builds without the extension)
+    local rust=(); [[ -n "${RUST_TOOLCHAIN+set}" ]] && rust=(--build-arg "RUST_TOOLCHAIN=$RUST_TOOLCHAIN")
     build "$STAGE_IMAGE" "$recipe" --build-arg "BASE_IMAGE=$PYTHON_IMAGE" --build-arg "TORCH_INDEX_URL=${WHEELHOUSE_INDEX:-}" \
-        --build-arg "WHEELHOUSE_URL=http://127.0.0.1:$port/" "$ROOT"
+        --build-arg "WHEELHOUSE_URL=http://127.0.0.1:$port/" "${rust[@]}" "$ROOT"
 )
 
 # The released images: the stage build above under the user-facing tag. A registry-less machine
