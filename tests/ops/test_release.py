@@ -136,3 +136,16 @@ def test_docs_install_from_a_registry_agrees_with_the_makefile_and_chart():
                        "imagePullSecrets": [{"name": "regcred"}]}), "StatefulSet")["spec"]["template"]["spec"]
     assert spec["imagePullSecrets"] == [{"name": "regcred"}]
     assert spec["containers"][0]["image"] == f"r.example/rr:{VERSION}"
+
+
+def test_released_images_build_the_compiled_module_and_test_images_do_not_download_a_toolchain():
+    # released: the Dockerfile's toolchain (stage._native built, checked in the build), unless
+    # RUST_TOOLCHAIN says otherwise (empty: without it). Test images (`images.sh all`, what `make
+    # test` builds) get an empty one unless the environment names one: CI reaches package
+    # registries, not necessarily rustup's server.
+    _, cpu = release_args("cpu")
+    assert dockerfile_default("RUST_TOOLCHAIN")
+    assert cpu["RUST_TOOLCHAIN"] == os.environ.get("RUST_TOOLCHAIN", dockerfile_default("RUST_TOOLCHAIN"))
+    _, without = release_args("cuda", RUST_TOOLCHAIN="")
+    assert without["RUST_TOOLCHAIN"] == ""
+    assert '--build-arg "RUST_TOOLCHAIN=${RUST_TOOLCHAIN-}"' in IMAGES_SH.read_text()

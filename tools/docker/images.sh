@@ -129,9 +129,12 @@ build_stage() (
     trap 'kill "$server" 2>/dev/null || true' EXIT
     # torch comes from the wheelhouse (pip gets --no-index); TORCH_INDEX_URL still names the
     # wheelhouse's index so the CPU and CUDA builds never share docker's dependency layer.
-    # stage._native: the toolchain comes from rustup, the crates from crates.io (the Dockerfile's
-    # RUST_TOOLCHAIN; RUST_TOOLCHAIN= in the environment builds without the extension)
-    local rust=(); [[ -n "${RUST_TOOLCHAIN+set}" ]] && rust=(--build-arg "RUST_TOOLCHAIN=$RUST_TOOLCHAIN")
+    # stage._native: the toolchain comes from rustup's server, the crates from crates.io. The test
+    # images are built without it (RUST_TOOLCHAIN empty unless the environment sets one): a CI
+    # machine reaches package registries, not necessarily rustup's server, and the contract's
+    # Python loops give the same results. The released images set the Dockerfile's toolchain
+    # (release_args).
+    local rust=(--build-arg "RUST_TOOLCHAIN=${RUST_TOOLCHAIN-}")
     build "$STAGE_IMAGE" "$recipe" --build-arg "BASE_IMAGE=$PYTHON_IMAGE" --build-arg "TORCH_INDEX_URL=${WHEELHOUSE_INDEX:-}" \
         --build-arg "WHEELHOUSE_URL=http://127.0.0.1:$port/" "${rust[@]}" "$ROOT"
 )
@@ -141,13 +144,14 @@ build_stage() (
 # holds torch's +cpu wheel (its own directory), the CUDA one shares the test image's (PyPI's torch).
 VERSION=$(sed -n 's/^version = "\(.*\)"$/\1/p' "$ROOT/pyproject.toml")
 CPU_TORCH_INDEX=https://download.pytorch.org/whl/cpu  # the Dockerfile's TORCH_INDEX_URL default
+RELEASE_RUST=$(sed -n 's/^ARG RUST_TOOLCHAIN=//p' "$ROOT/Dockerfile")   # stage._native in released images
 release_args() { # cpu|cuda -> the tag, then the variables the build gets, one per line
     local repo=${RELEASE_REPOSITORY:-rollout-reassembler}
     case $1 in
         cpu) echo "$repo:$VERSION"; echo "WHEELHOUSE=$WHEELHOUSE-cpu"; echo "WHEELHOUSE_INDEX=${TORCH_INDEX_URL-$CPU_TORCH_INDEX}"
-             echo "TORCH_CUDA=no" ;;
+             echo "TORCH_CUDA=no"; echo "RUST_TOOLCHAIN=${RUST_TOOLCHAIN-$RELEASE_RUST}" ;;
         cuda) echo "$repo:$VERSION-cuda"; echo "WHEELHOUSE=$WHEELHOUSE"; echo "WHEELHOUSE_INDEX="
-              echo "TORCH_CUDA=yes" ;;
+              echo "TORCH_CUDA=yes"; echo "RUST_TOOLCHAIN=${RUST_TOOLCHAIN-$RELEASE_RUST}" ;;
         *) echo "usage: $0 release cpu|cuda" >&2; return 2 ;;
     esac
 }
