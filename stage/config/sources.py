@@ -29,6 +29,8 @@ NOT_SETTINGS = frozenset({
     "ROLLOUT_REASSEMBLER_KAFKA_JARS",      # stage.brokers.kraft
     "ROLLOUT_REASSEMBLER_REJECTION_LOG_LEVEL",  # stage.runtime.kafka.logs (per-rejection log level)
     "ROLLOUT_REASSEMBLER_DOCKER_STATE",    # tools/docker/engine.sh
+    "ROLLOUT_REASSEMBLER_NATIVE",          # stage.contract.native (0: the Python loops)
+    "ROLLOUT_REASSEMBLER_REQUIRE_NATIVE",  # the test suite (make test sets it)
 })
 
 # Kubernetes gives every pod variables for each Service of its namespace (unless the pod spec
