@@ -9,7 +9,7 @@ import pytest
 from confluent_kafka import KafkaError, TopicPartition
 
 from stage.config.model import StageConfig
-from stage.runtime.exits import EXIT_FENCED, StageExit
+from stage.runtime.exits import EXIT_FENCED, EXIT_KAFKA_FATAL, StageExit
 from stage.runtime.kafka.clients import consumer_config
 from stage.runtime.kafka.ledger import LedgerState
 from stage.runtime.loop import StageRuntime
@@ -72,18 +72,43 @@ def test_a_graceful_shutdown_leaves_the_group_unless_the_operator_chose_kafkas_s
     assert not consumer.assigned if leaves else True
 
 
-class Fenced:
+class Failed:
+    def __init__(self, error: KafkaError) -> None:
+        self._error = error
+
     def error(self):
-        return KafkaError(KafkaError.FENCED_INSTANCE_ID, "Broker: Static consumer fenced by other consumer "
-                          "with same group.instance.id", fatal=True)
+        return self._error
 
 
-def test_a_second_member_with_the_same_instance_id_stops_the_first_with_exit_6():
+FENCED_TEXT = "Broker: Static consumer fenced by other consumer with same group.instance.id"
+
+
+@pytest.mark.parametrize("error", [
+    KafkaError(KafkaError.FENCED_INSTANCE_ID, FENCED_TEXT, fatal=True),
+    # what librdkafka 2.16 hands the application (the soak: a JoinGroup delivered late after a
+    # silent partition): code _FATAL, fatal() false, the cause in the text
+    KafkaError(KafkaError._FATAL, f"Fatal error: {FENCED_TEXT}: Fatal consumer error: {FENCED_TEXT}"),
+], ids=["fenced-instance-id", "librdkafka-fatal-event"])
+def test_a_second_member_with_the_same_instance_id_stops_the_first_with_exit_6(error):
     rt = _runtime()
     consumer = Consumer()
     connect(rt, consumer)
-    consumer.batches = [[Fenced()]]
+    consumer.batches = [[Failed(error)]]
     with pytest.raises(StageExit) as stop:
         rt.step()
     assert stop.value.code == EXIT_FENCED and "group.instance.id" in str(stop.value)
+    assert "delivered late after a network partition" in str(stop.value)
+    rt.publish_pool.shutdown(wait=False)
+
+
+def test_any_other_fatal_consumer_event_stops_the_stage_with_exit_8_not_a_warning():
+    """A consumer in librdkafka's fatal state fetches nothing more: going on would leave a
+    process that is alive, holds no partition and never exits."""
+    rt = _runtime()
+    consumer = Consumer()
+    connect(rt, consumer)
+    consumer.batches = [[Failed(KafkaError(KafkaError._FATAL, "Fatal error: Broker: something else"))]]
+    with pytest.raises(StageExit) as stop:
+        rt.step()
+    assert stop.value.code == EXIT_KAFKA_FATAL and "something else" in str(stop.value)
     rt.publish_pool.shutdown(wait=False)

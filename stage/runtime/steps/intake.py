@@ -82,10 +82,13 @@ class Intake:
         """Take one consumed record; the dead letter it became, if it became one now."""
         err = msg.error()
         if err is not None:
-            if err.code() == KafkaError.FENCED_INSTANCE_ID:   # static membership: the same id twice
-                raise exits.fenced(self.transactional_id, f"the consumer's group.instance.id is in use by "
-                                   f"another member of the group: {err}")
-            if err.fatal():
+            # librdkafka hands a fatal consumer error over as code _FATAL with fatal() false (the
+            # cause only in its text): taken for a warning, it left a consumer that fetches
+            # nothing more in a process that never exits (seen in the soak)
+            fatal = err.fatal() or err.code() == KafkaError._FATAL
+            if err.code() == KafkaError.FENCED_INSTANCE_ID or (fatal and "group.instance.id" in err.str()):
+                raise exits.member_fenced(f"consumer: {err.str()}")   # static membership: the id twice
+            if fatal:
                 raise exits.kafka_fatal(f"consumer: {err}")
             logger.warning("consumer error: %s", err)
             return None
