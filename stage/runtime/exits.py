@@ -36,17 +36,6 @@ def fenced(transactional_id: str, detail: str) -> StageExit:
         "second copy of this replica is running."))
 
 
-def member_fenced(detail: str) -> StageExit:
-    return StageExit(EXIT_FENCED, (
-        f"this replica's consumer was fenced: the group coordinator took its group.instance.id "
-        f"for another member ({detail}). Either a second copy of this replica runs with the same "
-        "id (give every replica its own stable transactional_id, from which the id derives; the "
-        "Helm chart uses the pod name), or this replica's own JoinGroup was delivered late after "
-        "a network partition, the coordinator saw it as a second member, and librdkafka's "
-        "consumer cannot go on. Nothing past the last committed transaction was published; a "
-        "restart rejoins with the same id and resumes from there."))
-
-
 def kafka_fatal(detail: str) -> StageExit:
     return StageExit(EXIT_KAFKA_FATAL, (
         f"fatal Kafka client error: {detail}. The stage stopped; nothing past the last "

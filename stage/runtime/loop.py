@@ -66,7 +66,7 @@ from stage.runtime.steps.finalization import Finalization
 from stage.runtime.steps.flight import Flight
 from stage.runtime.steps.intake import Intake
 from stage.runtime.steps.loads import LedgerLoads
-from stage.runtime.steps.outcomes import Budget, Rewind
+from stage.runtime.steps.outcomes import Budget, ConsumerFenced, Rewind
 from stage.runtime.steps.publication import Publication
 from stage.runtime.task.pools import make_workers
 from stage.runtime.task.finalize_task import stage_limits
@@ -101,6 +101,7 @@ class StageRuntime:
         self.liveness: BrokerLiveness | None = None   # asks the brokers every second (silent partitions)
         self._lag_reported = 0.0                  # when the statistics last went to /metrics
         self._fetch_states = FetchStates()        # the consumer's fetch states, logged at DEBUG
+        self._fenced_consumers: list = []         # replaced consumers, closed at shutdown
         self.partitions = Partitions()
         self.pauses = PauseSet(self.topics)
         self.resolver = SchemaResolver() if cfg.framing == "confluent" else None
@@ -229,17 +230,40 @@ class StageRuntime:
         clients.start_offsets = StartOffsets(clients.queries)
         self.liveness = BrokerLiveness(partial(clients.queries.ask_metadata, LEAD.topic(cfg.topics)),
                                        self.broker_health).start()
-        clients.consumer = Consumer(self._consumer_config())
-        # The other inputs are assigned by hand (not subscribed): load their metadata now so
-        # their partitions start fetching as soon as they are assigned.
-        for topic in alongside(cfg.topics, self.kinds):
-            clients.consumer.list_topics(topic, timeout=10)
-        clients.consumer.subscribe([LEAD.topic(cfg.topics)], on_assign=self._on_assign,
-                                   on_revoke=self._on_revoke, on_lost=self._on_lost)
+        clients.consumer = self._new_consumer()
         self._topology = PartitionWatch(clients.queries, self.topics, self.partition_count,
                                         _TOPOLOGY_CHECK_S)
         logger.info("stage started: %d partitions per topic, %s, transactional.id=%s; joining group %s",
                     self.partition_count, cfg.processing, cfg.effective_transactional_id, cfg.group_id)
+
+    def _new_consumer(self) -> Consumer:
+        """A consumer subscribed to the lead input topic, with the rebalance callbacks."""
+        consumer = Consumer(self._consumer_config())
+        # The other inputs are assigned by hand (not subscribed): load their metadata now so
+        # their partitions start fetching as soon as they are assigned.
+        for topic in alongside(self.cfg.topics, self.kinds):
+            consumer.list_topics(topic, timeout=10)
+        consumer.subscribe([LEAD.topic(self.cfg.topics)], on_assign=self._on_assign,
+                           on_revoke=self._on_revoke, on_lost=self._on_lost)
+        return consumer
+
+    def _replace_consumer(self, why: str) -> None:
+        """The consumer is fenced for good (a static member whose own JoinGroup, held by a
+        network partition and delivered late, made the coordinator see two members with its
+        id): its partitions go as lost ones do (nothing of theirs is published: the new owner
+        re-reads them), and a new consumer joins with the same settings. The fenced one is
+        kept, not closed, until shutdown: a transaction in flight may still hold it."""
+        numbers = self.partitions.numbers()
+        self.stats.inc("rebalances", kind="lost")
+        self._forget(numbers, dropped=True)
+        self.partitions.drop(numbers)
+        self.assignment.track()
+        self.pauses.apply(self.clients.consumer, self._pause_reasons())   # nothing assigned: no call
+        self._fenced_consumers.append(self.clients.consumer)
+        logger.warning("the consumer was fenced (%s): its partitions %s are dropped as lost ones, the "
+                       "new owner re-reads them; joining the group again with a new consumer", why, numbers)
+        self.clients.consumer = self._new_consumer()
+        self._set_gauges()
 
     def _consumer_config(self) -> dict:
         """The consumer's settings with the runtime's callbacks: statistics (every second, for
@@ -320,6 +344,8 @@ class StageRuntime:
             _quietly("stopping the broker liveness requests", self.liveness and self.liveness.stop)
             _quietly("closing the schema registry client", self.resolver and self.resolver.close)
             _quietly("closing the broker queries", self.clients.queries and self.clients.queries.close)
+            for fenced in self._fenced_consumers:
+                _quietly("closing a fenced consumer", fenced.close)
             if not stuck:
                 _quietly("closing the producer", self.flight.close)
             self.clients.consumer = None
@@ -366,6 +392,8 @@ class StageRuntime:
         except Rewind as why:
             self._rewind(why)
             self._settle()
+        except ConsumerFenced as why:
+            self._replace_consumer(str(why))
         except exits.StageExit as fatal:
             self._fatal = fatal
             raise

@@ -9,7 +9,7 @@ import pytest
 from confluent_kafka import KafkaError, TopicPartition
 
 from stage.config.model import StageConfig
-from stage.runtime.exits import EXIT_FENCED, EXIT_KAFKA_FATAL, StageExit
+from stage.runtime.exits import EXIT_KAFKA_FATAL, StageExit
 from stage.runtime.kafka.clients import consumer_config
 from stage.runtime.kafka.ledger import LedgerState
 from stage.runtime.loop import StageRuntime
@@ -89,15 +89,26 @@ FENCED_TEXT = "Broker: Static consumer fenced by other consumer with same group.
     # silent partition): code _FATAL, fatal() false, the cause in the text
     KafkaError(KafkaError._FATAL, f"Fatal error: {FENCED_TEXT}: Fatal consumer error: {FENCED_TEXT}"),
 ], ids=["fenced-instance-id", "librdkafka-fatal-event"])
-def test_a_second_member_with_the_same_instance_id_stops_the_first_with_exit_6(error):
+def test_a_fenced_instance_id_drops_the_partitions_as_lost_and_joins_again_with_a_new_consumer(error):
+    """librdkafka's consumer cannot go on once fenced; the stage neither exits (a network
+    partition must not stop a replica) nor goes on with it (it would fetch nothing, for ever)."""
     rt = _runtime()
-    consumer = Consumer()
-    connect(rt, consumer)
-    consumer.batches = [[Failed(error)]]
-    with pytest.raises(StageExit) as stop:
-        rt.step()
-    assert stop.value.code == EXIT_FENCED and "group.instance.id" in str(stop.value)
-    assert "delivered late after a network partition" in str(stop.value)
+    fenced, fresh = Consumer(), Consumer()
+    connect(rt, fenced)
+    rt._on_assign(fenced, [TopicPartition(rt.cfg.topics.receipts, 0)])
+    rt.partitions.get(0).load.set_result(LedgerState())
+    rt.step()
+    assert rt.partitions.numbers() == [0]
+    rt._new_consumer = lambda: fresh
+    fenced.batches = [[Failed(error)]]
+    rt.step()                                      # no StageExit
+    assert rt.clients.consumer is fresh and rt.partitions.numbers() == []
+    assert rt._fenced_consumers == [fenced]       # kept (a transaction in flight may hold it)
+    rt._on_assign(fresh, [TopicPartition(rt.cfg.topics.receipts, 0)])   # the new member's share
+    rt.partitions.get(0).load.set_result(LedgerState())
+    rt.step()
+    assert rt.partitions.get(0).buffer is not None
+    assert (rt.cfg.topics.receipts, 0) in fresh.assigned
     rt.publish_pool.shutdown(wait=False)
 
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 from stage.runtime import exits
 from stage.runtime.state.inputs import INPUTS, by_topic
-from stage.runtime.steps.outcomes import Budget, Rewind
+from stage.runtime.steps.outcomes import Budget, ConsumerFenced, Rewind
 from stage.wire import SchemaNotCached, WireError
 
 logger = logging.getLogger("stage.runtime.loop")
@@ -87,7 +87,7 @@ class Intake:
             # nothing more in a process that never exits (seen in the soak)
             fatal = err.fatal() or err.code() == KafkaError._FATAL
             if err.code() == KafkaError.FENCED_INSTANCE_ID or (fatal and "group.instance.id" in err.str()):
-                raise exits.member_fenced(f"consumer: {err.str()}")   # static membership: the id twice
+                raise ConsumerFenced(err.str())   # static membership: the id twice (the runtime decides)
             if fatal:
                 raise exits.kafka_fatal(f"consumer: {err}")
             logger.warning("consumer error: %s", err)

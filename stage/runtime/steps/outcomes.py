@@ -3,8 +3,9 @@
 A step is not handed callbacks into other steps. It is given a read-only ``Budget`` (taken by
 the runtime from the steps that own each figure) and it reports what it cannot handle itself
 as an outcome that ``StageRuntime.step`` handles in one place: ``Rewind`` (start every
-partition over from the committed offsets: an aborted or replaced transaction, a failed seek)
-or a ``stage.runtime.exits.StageExit`` (the stage must stop).
+partition over from the committed offsets: an aborted or replaced transaction, a failed seek),
+``ConsumerFenced`` (the consumer can go on no more: a new one joins) or a
+``stage.runtime.exits.StageExit`` (the stage must stop).
 """
 
 from __future__ import annotations
@@ -26,3 +27,9 @@ class Budget:
 
 class Rewind(Exception):
     """Every assigned partition must start over from its committed offsets."""
+
+
+class ConsumerFenced(Exception):
+    """The group coordinator fenced the consumer's static group.instance.id, which librdkafka
+    makes fatal for that consumer: every partition goes as if lost, and a new consumer with the
+    same settings joins the group again."""

@@ -78,6 +78,12 @@ class Soak:
         ep = run.episode(fault, replica, nodes, held)
         if ep.exits:
             raise AssertionError(f"[{run.context}] a replica exited: {ep.line()}")
+        seen = run.readiness[replica].seen if replica in run.readiness else []
+        if seen and seen[-1][1] != 200:
+            # the other replica publishes everything, so a replica alive but never ready again
+            # (a consumer that librdkafka fenced for good once left one so) shows only here
+            raise AssertionError(f"[{run.context}] replica {replica} not ready 30s after the heal: "
+                                 f"{seen[-1]}; {ep.line()}")
         self.events.append((fault_class(ep, cluster), ep.heal_to_published_s))
         return ep.line()
 
