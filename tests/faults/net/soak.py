@@ -160,7 +160,8 @@ def main(argv=None) -> int:
             soak = Soak(run, cluster, rng)
             try:
                 report(soak, run, started, args.minutes, rng, memory)
-            except AssertionError:
+            except AssertionError as error:
+                print(f"FAILED: {error}", flush=True)   # first: a hold may end in a signal
                 folder = diagnose(run, cluster, root / "diagnosis")
                 print(f"diagnosis (metrics, stacks, open transactions, group, stable offsets) in {folder}",
                       flush=True)
