@@ -2,24 +2,33 @@
 properties group.instance.id and session.timeout.ms passed through the stage's consumer
 settings. A restarted member with the same instance id takes its place and publishes once."""
 
+from confluent_kafka import Consumer
+
+from stage.runtime.kafka.clients import consumer_config
 from stage.wire import AvroCodec
 from tests.integration.harness import (
     Feeder, RunningStage, make_group, read_all, setup_topics, stage_config, unique_topics,
 )
 
 
-def test_a_static_member_restarts_under_its_instance_id_and_publishes_exactly_once(kafka):
+def static_stage(kafka, instance_id: str, prefix: str):
+    """A static member's config (what the chart's ROLLOUT_REASSEMBLER_CONSUMER__GROUP_INSTANCE_ID /
+    ..._SESSION_TIMEOUT_MS give), its topics, a feeder, the first group fed and a second one."""
     topics = unique_topics()
-    # what the chart's ROLLOUT_REASSEMBLER_CONSUMER__GROUP_INSTANCE_ID / ..._SESSION_TIMEOUT_MS give
     cfg = stage_config(kafka.bootstrap, topics, group_timeout_ms=3000,
-                       consumer={"group.instance.id": "rr-rollout-reassembler-0", "session.timeout.ms": "30000",
+                       consumer={"group.instance.id": instance_id, "session.timeout.ms": "30000",
                                  "heartbeat.interval.ms": 500})
     setup_topics(cfg, partitions=2)
     feed = Feeder(kafka.bootstrap, topics)
-    first, second = make_group("s1", 2, seed=1), make_group("s2", 2, seed=2)
+    first, second = make_group(f"{prefix}1", 2, seed=1), make_group(f"{prefix}2", 2, seed=2)
     feed.staged(first)
     feed.receipts(first)
     feed.flush()
+    return topics, cfg, feed, second
+
+
+def test_a_static_member_restarts_under_its_instance_id_and_publishes_exactly_once(kafka):
+    topics, cfg, feed, second = static_stage(kafka, "rr-rollout-reassembler-0", "s")
     with RunningStage(cfg) as stage:
         stage.wait(lambda: stage.runtime.stats.total("groups_published") >= 1, 60, "first group")
     feed.staged(second)
@@ -40,20 +49,7 @@ def test_a_consumer_fenced_for_its_instance_id_is_replaced_and_the_stage_publish
     second copy of the replica, or (the soak) the replica's own JoinGroup held by a network
     partition and delivered late. librdkafka's consumer is then done for; the stage drops its
     partitions as lost and joins again with a new consumer: no exit, no silent stall."""
-    from confluent_kafka import Consumer
-
-    from stage.runtime.kafka.clients import consumer_config
-
-    topics = unique_topics()
-    cfg = stage_config(kafka.bootstrap, topics, group_timeout_ms=3000,
-                       consumer={"group.instance.id": "rr-fenced-0", "session.timeout.ms": "30000",
-                                 "heartbeat.interval.ms": 500})
-    setup_topics(cfg, partitions=2)
-    feed = Feeder(kafka.bootstrap, topics)
-    first, second = make_group("f1", 2, seed=1), make_group("f2", 2, seed=2)
-    feed.staged(first)
-    feed.receipts(first)
-    feed.flush()
+    topics, cfg, feed, second = static_stage(kafka, "rr-fenced-0", "f")
     with RunningStage(cfg) as stage:
         stage.wait(lambda: stage.runtime.stats.total("groups_published") >= 1, 60, "first group")
         fenced = stage.runtime.clients.consumer
