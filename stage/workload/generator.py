@@ -281,6 +281,11 @@ class _RolloutMaker:
         self.lengths: dict[str, int] = {}  # call id -> full sequence length
         dtypes = cfg.route_dtypes  # drawn only when there is a choice (keeps single-dtype streams)
         self.route_dtype = dtypes[int(rng.integers(0, len(dtypes)))] if len(dtypes) > 1 else dtypes[0]
+        # Route values come from a stream of their own, seeded by one draw made with routes or
+        # without: the same seed gives the same rollouts (tokens, calls, versions) whatever the
+        # route dims, so a workload with routes and the same one without (bench e2e's anchor)
+        # or at other dims (agentic-moe and frontier) differ only in their routes.
+        self.route_rng = np.random.default_rng(int(rng.integers(0, 1 << 63)))
 
     def tokens(self, n: int) -> np.ndarray:
         return self.rng.integers(0, self.cfg.vocab_size, n).astype(np.uint64)
@@ -300,10 +305,10 @@ class _RolloutMaker:
         if cfg.routes is not None:
             layers, k = cfg.routes
             dtype = self.route_dtype   # held in the staged dtype: agentic groups carry GBs of routes
-            routes = rng.integers(0, cfg.num_experts, (delta, layers, k)).astype(dtype)
+            routes = self.route_rng.integers(0, cfg.num_experts, (delta, layers, k)).astype(dtype)
             extras = {ROUTED_EXPERTS_FIELD: RouteEnvelope.of(routes, dtype)}
             if parent is not None and cfg.boundary_routes:
-                boundary = rng.integers(0, cfg.num_experts, (1, layers, k)).astype(dtype)
+                boundary = self.route_rng.integers(0, cfg.num_experts, (1, layers, k)).astype(dtype)
                 extras[ROUTED_EXPERTS_BOUNDARY_FIELD] = RouteEnvelope.of(boundary, dtype)
                 # the parent's last token, in the canonical row's coordinates
                 extras[ROUTED_EXPERTS_BOUNDARY_INDEX_FIELD] = self.lengths[parent] - 1

@@ -53,6 +53,30 @@ def test_same_seed_same_workload_other_seed_other_workload():
     assert _digests(type(a)(faulty, [generate_group(faulty, 5)])) == _digests(type(a)(faulty, [a.groups[5]]))
 
 
+def _traffic(workload):
+    """Every call's identity, tokens, version and faults: the workload less its routes."""
+    return [(r.rollout_id, r.fault, r.fault_call, r.reward, c.model_call_id, c.parent_call_id,
+             c.weight_version, c.prompt_delta.tobytes(), c.generated.tobytes(), c.logprobs.tobytes())
+            for r in workload.rollouts for c in r.calls]
+
+
+def test_routes_do_not_change_the_traffic_the_same_seed_draws():
+    # bench e2e's deferred anchor is "the same workload without routes": with routes drawn from
+    # the rollout's main stream, a workload with routes and one without were other rollouts
+    faulty = dataclasses.replace(BASE, faults=FaultRates.uniform(0.1))
+    with_routes = generate(dataclasses.replace(faulty, route_layers=4, route_topk=2))
+    other_dims = generate(dataclasses.replace(faulty, route_layers=6, route_topk=3, route_dtype="int8"))
+    without = generate(dataclasses.replace(faulty, route_layers=0))
+    assert _traffic(with_routes) == _traffic(without) == _traffic(other_dims)
+    assert all(c.routed_experts is None for r in without.rollouts for c in r.calls)
+    assert all(c.routed_experts is not None and c.routed_experts.shape[1:] == (6, 3)
+               for r in other_dims.rollouts for c in r.calls)
+    # the routes themselves still depend on the seed
+    reseeded = generate(dataclasses.replace(faulty, route_layers=4, route_topk=2, seed=4))
+    assert [c.routed_experts.tobytes() for r in reseeded.rollouts for c in r.calls][:3] != \
+        [c.routed_experts.tobytes() for r in with_routes.rollouts for c in r.calls][:3]
+
+
 def test_rollouts_are_agentic_chains_with_retries_side_calls_and_mixed_versions():
     workload = generate(BASE)
     roles = {c.role for r in workload.rollouts for c in r.calls}
