@@ -96,7 +96,7 @@ def test_inputs_by_reference_put_chunks_first_and_the_deferred_stage_fetches_no_
 def test_bench_e2e_toy_by_reference_reports_the_targets(kafka):
     proc = subprocess.run([sys.executable, "-m", "stage", "bench", "e2e", "--json", "--profile", "toy",
                            "--groups", "2", "--routes", "deferred", "--latency-seconds", "1",
-                           "--bootstrap-servers", kafka.bootstrap], capture_output=True, text=True, timeout=600)
+                           "--repeats", "1", "--bootstrap-servers", kafka.bootstrap], capture_output=True, text=True, timeout=600)
     report = json.loads(proc.stdout)
     assert proc.returncode == (0 if report["meets_targets"] else 1), proc.stderr[-2000:]
     assert report["route_staging"] == "by-reference" and report["record_cap"] == DEFAULT_MAX_RECORD_BYTES
@@ -107,3 +107,10 @@ def test_bench_e2e_toy_by_reference_reports_the_targets(kafka):
     assert share["value"] == report["stage"]["fetched_total_bytes"] / report["written"]["total_bytes"]
     assert 0 < share["value"] < 1 and share["target"] == 0.05
     assert report["anchor"]["kind"] == "no-routes" and "no_routes_ratio" in report["targets"]
+    # the anchor is the same groups without routes (same tokens), one anchor/stage/stage/anchor block
+    assert report["anchor"]["canonical_tokens"] == report["workload"]["canonical_tokens"]
+    assert [name for name, _ in report["run_order"]] == ["anchor", "stage", "stage", "anchor"]
+    # latency judged on a second feed whose route chunks were on the broker before it
+    ahead = report["latency_chunks_ahead"]
+    assert ahead["groups"] == report["latency"]["groups"] > 0
+    assert report["targets"]["latency_p99_ms"]["value"] == ahead["p99_ms"]

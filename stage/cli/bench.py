@@ -44,6 +44,9 @@ def add_parsers(commands) -> None:
     e2e.add_argument("--no-anchor", action="store_true",
                      help="skip the anchor stage run (deferred: the workload without routes; direct by "
                           "reference: the same groups with routes inline)")
+    e2e.add_argument("--repeats", type=at_least(1), default=2,
+                     help="times the anchor, stage, stage, anchor block of the anchor comparison runs "
+                          "(its medians are compared)")
     e2e.add_argument("--latency-seconds", type=positive_float, default=10.0,
                      help="length of the latency phase")
     e2e.add_argument("--finalize-pool", choices=("thread", "process"), default="thread",
@@ -128,7 +131,7 @@ def main(args) -> int:
                          profile=args.profile, routes=args.routes, pool=args.finalize_pool,
                          workers=args.finalize_workers, route_staging=args.route_staging,
                          group_size=args.group_size, anchor=not args.no_anchor,
-                         profile_stage=args.profile_stage)
+                         profile_stage=args.profile_stage, repeats=args.repeats)
         return 0 if report["meets_targets"] else 1
     if args.bench == "finalize":
         _torch_threads(args.torch_threads)
