@@ -21,8 +21,21 @@ from stage.wire import AvroCodec, WireError
 
 _INT_MIN, _INT_MAX = -(1 << 31), (1 << 31) - 1
 _LONG_MIN, _LONG_MAX = -(1 << 63), (1 << 63) - 1
-# Small non-negative ints (every length, index and flag of a plan) as their one-byte varint.
-_SMALL = [bytes([n << 1]) for n in range(64)]
+# Non-negative ints below 8192 (flags, indexes, layer and top-k counts, most token lengths) as
+# their one- or two-byte varint, looked up instead of encoded: ~20 longs a span.
+_SMALL_LIMIT = 1 << 13
+
+
+def _varint(z: int) -> bytes:
+    out = bytearray()
+    while z > 0x7F:
+        out.append((z & 0x7F) | 0x80)
+        z >>= 7
+    out.append(z)
+    return bytes(out)
+
+
+_SMALL = [_varint(n << 1) for n in range(_SMALL_LIMIT)]
 
 
 def _dtype_symbols() -> dict[str, bytes]:
@@ -41,17 +54,11 @@ class _Unexpected(Exception):
 def _long(n, lo: int = _LONG_MIN, hi: int = _LONG_MAX) -> bytes:
     if type(n) is not int:
         raise _Unexpected
-    if 0 <= n < 64:
+    if 0 <= n < _SMALL_LIMIT:
         return _SMALL[n]
     if not lo <= n <= hi:
         raise _Unexpected
-    z = (n << 1) ^ (n >> 63)
-    out = bytearray()
-    while z > 0x7F:
-        out.append((z & 0x7F) | 0x80)
-        z >>= 7
-    out.append(z)
-    return bytes(out)
+    return _varint((n << 1) ^ (n >> 63))
 
 
 def _int(n) -> bytes:

@@ -58,6 +58,10 @@ PLANS = {
         [_span(0, staging_key="rollout-é/呼び出し", carry_len=1 << 33, chunks=_chunks(5, 2))],
         keys=["rollout-é/呼び出し", "x" * 300], row_index=(1 << 31) - 1),
     "many spans (varint counts over one byte)": _plan([_span(i % 5, staging_key=f"k{i}") for i in range(130)]),
+    # every varint width the writer looks up or encodes: 1 byte below 64, 2 below 8192, 3 above
+    "ints at the varint widths' edges": _plan(
+        [_span(0, carry_len=n, generation_len=n + 1, staged_route_len=max(n - 1, 0), boundary_token_index=n)
+         for n in (0, 63, 64, 127, 128, 8191, 8192, 8193, 1 << 20, (1 << 58) + 1)]),
 }
 
 
