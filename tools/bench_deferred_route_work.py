@@ -7,8 +7,11 @@ records the stage reads when the SDK stages by reference). Per group, CPU time
 of the stage's own work on those records: intake (decode + buffer) and ``finalize_and_encode``,
 
 * ``deferred``: router replay deferred, the configuration issue 26 measures;
-* ``no route work``: the same records under the no-routes configuration (no reference
-  checked, no boundary read, no plan built or published): the anchor, same records, same tokens;
+* ``no routes``: the anchor, the same groups generated without routes (the generator draws
+  routes from a stream of their own: same rollouts, calls and tokens), router replay off, as
+  ``bench e2e``'s anchor;
+* ``by reference, replay off``: the by-reference records under router replay off (no plan built
+  or published), which shows what the records themselves cost over the plain ones;
 
 in the order anchor, deferred, deferred, anchor (best of ``--repeats`` each), and their ratio
 (issue 26: end to end >= 0.9 of the workload without routes). Then the route parts measured
@@ -120,20 +123,26 @@ def main() -> int:
     codec_map = P.codecs()
     print(f"# {machine_line()}\n# load {os.getloadavg()[0]:.2f} at start; CPU ms, best of {args.repeats}")
     profiler = cProfile.Profile() if args.profile else None
-    for inputs in profile_groups(bench_profile("agentic-moe", groups=args.groups), args.groups):
+    plain_groups = profile_groups(bench_profile("agentic-moe", groups=args.groups, route_layers=0), args.groups)
+    for inputs, plain in zip(profile_groups(bench_profile("agentic-moe", groups=args.groups), args.groups),
+                             plain_groups):
+        assert plain.chain_tokens == inputs.chain_tokens and plain.calls == inputs.calls
         ref = by_reference(inputs, codec_map["StagedCall"])
         runs = []
         for mode in ("no-routes", "deferred", "deferred", "no-routes"):
             if profiler and mode == "deferred":
                 profiler.enable()
-            runs.append((mode, cpu_ms(lambda: stage_work(ref, codec_map, mode), args.repeats)))
+            work = (lambda: stage_work(plain, codec_map, mode)) if mode == "no-routes" else \
+                (lambda: stage_work(ref, codec_map, mode))
+            runs.append((mode, cpu_ms(work, args.repeats)))
             if profiler:
                 profiler.disable()
         anchor = sum(ms for mode, ms in runs if mode == "no-routes") / 2
         deferred = sum(ms for mode, ms in runs if mode == "deferred") / 2
-        print(f"{inputs.group_id}: {inputs.chain_tokens:,} tokens, {inputs.calls:,} calls; no route work "
+        replay_off = cpu_ms(lambda: stage_work(ref, codec_map, "no-routes"), args.repeats)
+        print(f"{inputs.group_id}: {inputs.chain_tokens:,} tokens, {inputs.calls:,} calls; no routes "
               f"{anchor:.1f} ms, deferred {deferred:.1f} ms: ratio {anchor / deferred:.3f} "
-              f"(runs {', '.join(f'{ms:.1f}' for _m, ms in runs)})")
+              f"(runs {', '.join(f'{ms:.1f}' for _m, ms in runs)}); by reference, replay off {replay_off:.1f} ms")
         print("  " + "; ".join(f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}"
                                for k, v in parts(ref, codec_map, args.repeats).items()))
     if profiler:
