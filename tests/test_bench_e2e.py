@@ -31,6 +31,14 @@ def test_the_anchor_is_no_routes_for_deferred_and_inline_for_direct_by_reference
     assert e2e.anchor_kind("deferred", "by-reference", False) is None
 
 
+def test_latency_is_judged_with_chunks_ahead_only_where_the_stage_does_not_read_them():
+    assert e2e.chunks_ahead_feed("deferred", "by-reference", True)
+    assert e2e.chunks_ahead_feed("off", "by-reference", True)
+    assert not e2e.chunks_ahead_feed("direct", "by-reference", True)    # the stage reads the chunks
+    assert not e2e.chunks_ahead_feed("deferred", "inline", True)
+    assert not e2e.chunks_ahead_feed("deferred", "by-reference", False)
+
+
 def _read_all(bootstrap: str, topic: str, partitions: int) -> list:
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"t-{uuid.uuid4().hex[:6]}",
                          "enable.auto.commit": False, "auto.offset.reset": "earliest"})
@@ -114,3 +122,27 @@ def test_bench_e2e_toy_by_reference_reports_the_targets(kafka):
     ahead = report["latency_chunks_ahead"]
     assert ahead["groups"] == report["latency"]["groups"] > 0
     assert report["targets"]["latency_p99_ms"]["value"] == ahead["p99_ms"]
+
+
+def test_chunks_written_ahead_leaves_staged_calls_naming_chunks_already_on_the_broker(kafka):
+    topics = e2e._topics(uuid.uuid4().hex[:6])
+    cfg = e2e._config(kafka.bootstrap, topics, "deferred")
+    admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
+    create_topics(admin, cfg, partitions=2, replication=1, min_insync_replicas=1,   # as bench e2e does
+                  max_message_bytes=cfg.max_record_bytes + (1 << 20))
+    _wl, inputs, _tokens = e2e.profile_inputs("toy", 2, None)
+    ahead = e2e.chunks_written_ahead(kafka.bootstrap, cfg, e2e.by_reference(inputs), admin, 2)
+    codec = AvroCodec("StagedCall")
+    chunks = {(m.partition(), m.offset()) for m in _read_all(kafka.bootstrap, topics.staged_routes, 2)}
+    assert [g for g, _ in ahead] == [g for g, _ in inputs]
+    for (group_id, records), (_g, original) in zip(ahead, inputs):
+        roles = [role for role, _ in records]
+        # the same records, every value encoded, staged calls first and receipts last (as sent last)
+        assert sorted(roles) == sorted(role for role, _ in original)
+        assert roles == sorted(roles, key=lambda role: role == "receipts")
+        staged = [codec.decode(v) for role, v in records if role == "staged_calls"]
+        refs = [c["routes_ref"] for c in staged if c["routes_ref"] is not None]
+        assert refs and all(c["routed_experts"] is None for c in staged)
+        # every chunk a staged call names is on the route topic already, in the call's partition
+        assert all((r["partition"], c["offset"]) in chunks for r in refs for c in r["chunks"])
+        assert len({r["partition"] for r in refs}) == 1

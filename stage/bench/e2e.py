@@ -8,7 +8,8 @@ the same input bytes on the same broker, in one run, then latency at half of the
    ``repeats`` times (default 2), compared by the median of each one's runs;
 3. latency: the stage running while groups arrive at half that peak rate; for each group the
    time from its last input record being acknowledged to its last row being readable by a
-   read_committed consumer. Deferred, by reference, a second feed of the same groups whose route
+   read_committed consumer. Routes by reference that the stage does not read (router replay
+   deferred or off): a second feed of the same groups whose route
    chunks were written before it (a rollout's calls stage their routes while it runs, long
    before its receipt), so that the feed is what a rollout owner sends last: its p99 is the one
    judged; the first feed, chunks and all, is printed beside it. ``--profile-stage FILE``: py-spy samples that stage process
@@ -512,6 +513,13 @@ def _rerun(admin, bootstrap: str, topics: TopicNames, routes: str, cap: int, run
     return cfg
 
 
+def chunks_ahead_feed(routes: str, route_staging: str, has_routes: bool) -> bool:
+    """Whether the latency is also measured (and judged) with the route chunks written before
+    the feed: routes staged by reference that the stage does not read (router replay deferred
+    or off), whose chunks a rollout writes while it runs, not in the burst of its last records."""
+    return routes != "direct" and route_staging == "by-reference" and has_routes
+
+
 def anchor_kind(routes: str, route_staging: str, has_routes: bool) -> str | None:
     """The anchor stage run of the same groups: without routes for deferred router replay (the
     stage should cost what the token columns cost), routes inline for direct router replay by
@@ -554,8 +562,7 @@ def _run(bootstrap, groups, n, calls, tokens, layers, topk, partitions, latency_
         line = f"{groups} groups of " + profile_line(profile, wl)
         has_routes = bool(wl.routes)
     kind = anchor_kind(routes, route_staging, has_routes) if anchor else None
-    # deferred by reference: latency also with the route chunks on the broker before the feed
-    ahead = routes == "deferred" and route_staging == "by-reference" and has_routes
+    ahead = chunks_ahead_feed(routes, route_staging, has_routes)
     names = ("passthrough", "stage", "latency") + (("anchor",) if kind else ()) + (("latency_ahead",) if ahead else ())
     sets = {name: _topics(f"{tag}-{name}") for name in names}
     caps = {name: inline_cap if name == "anchor" and kind == "inline" else record_cap for name in names}
@@ -617,19 +624,19 @@ def _run(bootstrap, groups, n, calls, tokens, layers, topk, partitions, latency_
         latency_inputs = by_reference(latency_inputs)
     latencies, inside = measure_latency(bootstrap, _config(bootstrap, sets["latency"], routes, record_cap),
                                         latency_inputs, rate, group_size=n)
+    p99_target = 250.0 if profile == "default" else TARGET_P99_MS
     latency_ahead = None
     if ahead:
         ahead_cfg = _config(bootstrap, sets["latency_ahead"], routes, record_cap)
         ahead_inputs = chunks_written_ahead(bootstrap, ahead_cfg, latency_inputs, admin, partitions)
         lat_ahead, inside_ahead = measure_latency(bootstrap, ahead_cfg, ahead_inputs, rate, group_size=n)
-        latency_ahead = _latency_report(lat_ahead, rate, TARGET_P99_MS, inside_ahead)
+        latency_ahead = _latency_report(lat_ahead, rate, p99_target, inside_ahead)
     stage_profile = None
     if PROFILE_STAGE.get("path"):
         from stage.bench.stage_profile import summarize
         stage_profile = summarize(PROFILE_STAGE["path"], sum(len(r) for _, r in latency_inputs))
         stage_profile["groups"] = len(latency_inputs)
     fetched_total = sum(fetched.values())
-    p99_target = 250.0 if profile == "default" else TARGET_P99_MS
     report = {
         "benchmark": "e2e", "broker": broker_kind, "partitions": partitions, "profile": profile,
         "profile_line": line, "routes": routes, "route_staging": route_staging, "record_cap": record_cap,
