@@ -122,14 +122,18 @@ def profile_inputs(profile: str, groups: int, layers: int | None, *, first: int 
     return cfg, out, tokens
 
 
-def by_reference(inputs):
+def by_reference(inputs: list):
     """The same groups for a producer staging routes by reference: each staged call carrying
     routes as its decoded value (``StagingProducer.send_staged`` writes its chunks first, then
-    the call naming them), every other record as encoded."""
+    the call naming them), every other record as encoded. ``inputs`` is emptied group by group
+    as they are converted: a frontier group is ~1 GB of routes, and holding every group twice
+    (encoded and decoded) took a latency phase's ten of them past the machine's memory."""
     from stage.bench.inputs import BENCH_MAX_RECORD_BYTES
     codec = AvroCodec("StagedCall", max_record_bytes=BENCH_MAX_RECORD_BYTES)
     out = []
-    for group_id, records in inputs:
+    inputs.reverse()
+    while inputs:
+        group_id, records = inputs.pop()
         converted = []
         for role, value in records:
             if role == "staged_calls":
