@@ -47,7 +47,9 @@ def add_parser(commands) -> argparse.ArgumentParser:
                       help="workload sizes: toy (seconds), agentic-moe (N=16, ~64 calls, 32k mean / "
                            "128k max tokens a rollout, routes 48x8 int8/int16: 2 groups, minutes, "
                            "several GB of memory) or frontier (the same traffic at a frontier MoE's "
-                           "routes, 40x22 int16, Nemotron-3-Super-like: ~0.9 GB of routes a group); "
+                           "routes, 40x22 int16, Nemotron-3-Super-like: ~0.9 GB of routes a group; the demo "
+                           "keeps copies of every group's routes for its checks: 2 groups peaked at "
+                           "~20 GB); "
                            "the options below override it")
     demo.add_argument("--groups", type=at_least(1), help="prompt groups (default: the profile's, toy 64)")
     demo.add_argument("--group-size", type=at_least(1), help="rollouts per group, N (default: the profile's, toy 4)")

@@ -59,8 +59,9 @@ def render(report: dict) -> str:
     ]
     fetch = report.get("deferred_routes")
     if fetch:
-        lines.append(f"deferred    {fetch['rows']} rows' routes rebuilt from {fetch['fragments_fetched']} fragments "
-                     f"fetched by Kafka coordinates in {fetch['seconds']:.2f} s"
+        lines.append(f"deferred    {fetch['rows']} rows' routes rebuilt from {fetch['fragments_fetched']} inline "
+                     f"fragments and {fetch.get('chunks_fetched', 0)} route chunks fetched by Kafka coordinates in "
+                     f"{fetch['seconds']:.2f} s"
                      + (f", failures {fetch['failures']}" if fetch["failures"] else ""))
     lines.append("checks")
     for check in report["checks"]:

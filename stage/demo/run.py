@@ -500,7 +500,8 @@ class Demo:
         report_fetch = None
         if fetcher is not None:
             report_fetch = {"rows": len(rows), "seconds": self.fetch_seconds,
-                            "fragments_fetched": fetcher.fetched, "failures": dict(fetcher.failures)}
+                            "fragments_fetched": fetcher.fetched, "chunks_fetched": fetcher.chunks_fetched,
+                            "failures": dict(fetcher.failures)}
         return {
             "ok": all(c.passed for c in checks),
             "partitions": opts.partitions, "route_mode": opts.route_mode, "device": opts.device,

@@ -141,3 +141,8 @@ def test_a_scaled_down_frontier_demo_on_the_real_broker(kafka):
     assert report["ok"] and not failed, failed
     assert report["rows"]["total"] == 6 and report["rows"]["placeholders"] == 0
     assert report["deferred_routes"]["failures"] == {} and report["deferred_routes"]["rows"] == 6
+    # routes by reference: the fetcher read route chunks, no inline fragment, and the text says so
+    fetch = report["deferred_routes"]
+    assert fetch["chunks_fetched"] > 0 and fetch["fragments_fetched"] == 0
+    from stage.demo.report import render
+    assert f"0 inline fragments and {fetch['chunks_fetched']} route chunks fetched" in render(report)
