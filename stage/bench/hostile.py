@@ -26,20 +26,12 @@ from fastavro import parse_schema, schemaless_writer
 
 from stage.bench.machine import machine_line
 from stage.bench.wire import receipt_event_record, staged_call_record
-from stage.wire import AvroCodec, schema_json
+from stage.wire import AvroCodec, schema_json, zigzag_long
 
 MiB = 1 << 20
 
 
-def zigzag(n: int) -> bytes:
-    """Avro's zig-zag varint of ``n``."""
-    n = (n << 1) ^ (n >> 63)
-    out = bytearray()
-    while True:
-        low, n = n & 0x7F, n >> 7
-        out.append(low | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
+zigzag = zigzag_long     # Avro's zig-zag varint of ``n`` (the fuzz mutators' name for it)
 
 
 def fields_bytes(name: str, record: dict, start: str | None, stop: str | None) -> bytes:

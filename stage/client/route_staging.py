@@ -24,7 +24,7 @@ from stage.staging.route_refs import (
     chunk_sha256,
     split_payload,
 )
-from stage.wire import AvroCodec, WireError
+from stage.wire import AvroCodec, WireError, zigzag_long
 
 # What a RouteChunk record holds besides its data, at most: group id and staging key (the stage
 # accepts up to 4096 characters each, up to 16 KiB of UTF-8), index, count, the 64-character
@@ -63,16 +63,6 @@ def reference_bytes(topic: str, chunks: int) -> int:
     return _REFERENCE_FIXED_BYTES + len(topic.encode("utf-8")) + chunks * _REFERENCE_CHUNK_BYTES
 
 
-def _zigzag_long(value: int) -> bytes:
-    n = (value << 1) ^ (value >> 63)
-    out = bytearray()
-    while n & ~0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
 class ChunkEncoder:
     """Encodes RouteChunk records from views of a payload. ``data`` is the record's last field,
     so the record is the codec's encoding with empty data, whose final byte (the zero length)
@@ -93,7 +83,7 @@ class ChunkEncoder:
             digest = chunk_sha256(view)
         head = self.codec.encode({"group_id": group_id, "staging_key": staging_key, "index": index,
                                   "count": count, "sha256": digest, "data": b""})
-        record = b"".join((head[:-1], _zigzag_long(view.nbytes), view))
+        record = b"".join((head[:-1], zigzag_long(view.nbytes), view))
         if len(record) > self.codec.max_record_bytes:
             raise WireError(f"RouteChunk {index} of {staging_key} is {len(record)} bytes, over "
                             f"max_record_bytes={self.codec.max_record_bytes}: lower route_chunk_bytes")

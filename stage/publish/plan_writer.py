@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from stage.wire import AvroCodec, WireError
+from stage.wire import AvroCodec, WireError, zigzag_long
 
 _INT_MIN, _INT_MAX = -(1 << 31), (1 << 31) - 1
 _LONG_MIN, _LONG_MAX = -(1 << 63), (1 << 63) - 1
@@ -26,16 +26,7 @@ _LONG_MIN, _LONG_MAX = -(1 << 63), (1 << 63) - 1
 _SMALL_LIMIT = 1 << 13
 
 
-def _varint(z: int) -> bytes:
-    out = bytearray()
-    while z > 0x7F:
-        out.append((z & 0x7F) | 0x80)
-        z >>= 7
-    out.append(z)
-    return bytes(out)
-
-
-_SMALL = [_varint(n << 1) for n in range(_SMALL_LIMIT)]
+_SMALL = [zigzag_long(n) for n in range(_SMALL_LIMIT)]
 
 
 def _dtype_symbols() -> dict[str, bytes]:
@@ -58,7 +49,7 @@ def _long(n, lo: int = _LONG_MIN, hi: int = _LONG_MAX) -> bytes:
         return _SMALL[n]
     if not lo <= n <= hi:
         raise _Unexpected
-    return _varint((n << 1) ^ (n >> 63))
+    return zigzag_long(n)
 
 
 def _int(n) -> bytes:

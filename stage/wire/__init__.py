@@ -27,6 +27,7 @@ from .codec import (
     AvroCodec,
     default_max_record_bytes,
     record_cap,
+    zigzag_long,
 )
 from .errors import RegistryError, SchemaNotCached, WireError
 from .schemas import SCHEMAS_DIR_ENV, schema, schema_json, schema_names, schemas_dir
@@ -39,7 +40,7 @@ __getattr__, __dir__ = lazy_exports(__name__, globals(), {
 
 __all__ = [
     "AvroCodec", "DEFAULT_MAX_RECORD_BYTES", "SMALL_RECORD_MAX_BYTES", "default_max_record_bytes",
-    "INPUT_RECORDS", "MANAGED_MAX_MESSAGE_BYTES", "RECORD_HEADROOM_BYTES", "record_cap",
+    "INPUT_RECORDS", "MANAGED_MAX_MESSAGE_BYTES", "RECORD_HEADROOM_BYTES", "record_cap", "zigzag_long",
     "RegistryError", "SchemaNotCached", "WireError",
     "SCHEMAS_DIR_ENV", "schema", "schema_json", "schema_names", "schemas_dir",
     "STORAGE_DTYPES", "pack_tensor", "unpack_tensor", "unpack_torch",

@@ -395,7 +395,7 @@ def _splice(encoded: bytes, payloads: dict) -> bytes:
         found.append((at, payload))
     chunks, start = [], 0
     for at, payload in sorted(found, key=lambda item: item[0]):   # in the schema's field order
-        chunks += [encoded[start:at - 1], _zigzag_long(payload.nbytes), payload]
+        chunks += [encoded[start:at - 1], zigzag_long(payload.nbytes), payload]
         start = at + _MARKER_BYTES
     chunks.append(encoded[start:])
     return b"".join(chunks)
@@ -405,7 +405,7 @@ class _SpliceCollision(RuntimeError):
     """A marker's 16 random bytes also occur elsewhere in the record: draw new ones."""
 
 
-def _zigzag_long(value: int) -> bytes:
+def zigzag_long(value: int) -> bytes:
     """Avro's long encoding: zigzag, then base-128 varint, low group first."""
     n = (value << 1) ^ (value >> 63)
     out = bytearray()
